@@ -1,0 +1,3 @@
+DROP TABLE IF EXISTS outbox;
+DROP TABLE IF EXISTS outbox_sequence;
+DROP FUNCTION IF EXISTS outbox_notify();

@@ -1,0 +1,92 @@
+//! Migrations for the outbox tables on PostgreSQL, MariaDB/MySQL and SQLite.
+//!
+//! The DDL lives in plain SQL files under `sql/<backend>/` (apply them with
+//! `psql`, `mariadb` or `sqlite3` if you do not use SeaORM); the migrations
+//! here run exactly those files. Add [`CreateOutbox`] to your own
+//! `sea-orm-migration` migrator, or run [`Migrator`] on its own:
+//!
+//! ```no_run
+//! use outbox_migrations::Migrator;
+//! use sea_orm_migration::MigratorTrait;
+//!
+//! # async fn run(db: &sea_orm_migration::sea_orm::DatabaseConnection) -> Result<(), sea_orm_migration::DbErr> {
+//! Migrator::up(db, None).await?;
+//! # Ok(()) }
+//! ```
+
+use sea_orm_migration::async_trait::async_trait;
+use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
+use sea_orm_migration::{DbErr, MigrationName, MigrationTrait, MigratorTrait, SchemaManager};
+
+/// The DDL of one migration, per backend.
+struct Sql {
+    postgres: &'static str,
+    mysql: &'static str,
+    sqlite: &'static str,
+}
+
+impl Sql {
+    fn for_backend(&self, backend: DbBackend) -> &'static str {
+        match backend {
+            DbBackend::Postgres => self.postgres,
+            DbBackend::MySql => self.mysql,
+            DbBackend::Sqlite => self.sqlite,
+            // DbBackend is non-exhaustive; every backend SeaORM ships is listed above.
+            #[allow(unreachable_patterns)]
+            _ => "",
+        }
+    }
+}
+
+macro_rules! sql_files {
+    ($name:literal) => {
+        Sql {
+            postgres: include_str!(concat!("../sql/postgres/", $name)),
+            mysql: include_str!(concat!("../sql/mysql/", $name)),
+            sqlite: include_str!(concat!("../sql/sqlite/", $name)),
+        }
+    };
+}
+
+/// Creates the `outbox` and `outbox_sequence` tables, their indexes and, on
+/// PostgreSQL, the trigger that notifies a listening relay.
+pub struct CreateOutbox;
+
+impl MigrationName for CreateOutbox {
+    fn name(&self) -> &str {
+        "m20261129_000001_create_outbox"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for CreateOutbox {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run(manager, &sql_files!("0001_create_outbox.up.sql")).await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run(manager, &sql_files!("0001_create_outbox.down.sql")).await
+    }
+}
+
+async fn run(manager: &SchemaManager<'_>, sql: &Sql) -> Result<(), DbErr> {
+    let backend = manager.get_database_backend();
+    let script = sql.for_backend(backend);
+    if script.is_empty() {
+        return Err(DbErr::Migration(format!(
+            "the outbox has no migration for {backend:?}; use PostgreSQL, MariaDB/MySQL or SQLite"
+        )));
+    }
+    manager.get_connection().execute_unprepared(script).await?;
+    Ok(())
+}
+
+/// Every outbox migration, in order.
+pub struct Migrator;
+
+#[async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(CreateOutbox)]
+    }
+}

@@ -1,0 +1,52 @@
+//! A transactional outbox for SeaORM.
+//!
+//! Domain events are written as rows of an `outbox` table in the same
+//! database transaction as the aggregate they belong to, so they commit or
+//! roll back together; the `outbox-relay` binary then publishes committed
+//! rows to Kafka in the message shape of Debezium's Outbox Event Router.
+//!
+//! - [`DomainEvent`] (with `#[derive(DomainEvent)]`) describes a versioned event.
+//! - [`ActiveModelOutboxExt`] saves an ActiveModel and appends its events in one call.
+//! - [`EmitEvents`] with [`active_model_behavior!`] appends the events that
+//!   follow from a saved row from SeaORM's hooks.
+//! - [`append`] appends events on their own.
+//!
+//! Every event of an aggregate gets a sequence number (1, 2, 3, ...) in the
+//! writing transaction; concurrent writers of one aggregate receive them in
+//! commit order.
+//!
+//! The tables come from the `outbox-migrations` crate.
+
+mod active_model;
+mod append;
+mod error;
+mod event;
+pub mod hooks;
+mod outbox_event;
+
+pub use active_model::ActiveModelOutboxExt;
+pub use append::{AppendedEvent, OUTBOX_TABLE, SEQUENCE_TABLE, append};
+pub use error::OutboxError;
+pub use event::{DomainEvent, EventSchema, FieldSchema};
+pub use hooks::{Change, EmitEvents};
+pub use outbox_event::OutboxEvent;
+
+/// Derives [`DomainEvent`] for a struct with named fields.
+///
+/// Attributes, in `#[domain_event(..)]`: `aggregate = "Order"` (required),
+/// `version = 1` (required, at least 1), `name = "OrderPlaced"` (optional,
+/// defaults to the struct name). Serde's `rename`, `rename_all`, `default`,
+/// `skip` and `flatten` are read for the schema description.
+pub use outbox_derive::DomainEvent;
+
+/// The imports a module saving aggregates with events needs.
+pub mod prelude {
+    pub use crate::{
+        ActiveModelOutboxExt, Change, DomainEvent, EmitEvents, OutboxError, OutboxEvent,
+    };
+}
+
+#[doc(hidden)]
+pub mod __private {
+    pub use sea_orm;
+}

@@ -1,0 +1,229 @@
+//! An isolated database per test: a fresh schema on PostgreSQL, a fresh
+//! database on MariaDB, a fresh file on SQLite, each with the outbox
+//! migrations applied.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use outbox_migrations::Migrator;
+use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Schema};
+use sea_orm_migration::MigratorTrait;
+
+/// A database server kind under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// PostgreSQL.
+    Postgres,
+    /// MariaDB (MySQL protocol).
+    MySql,
+    /// SQLite file.
+    Sqlite,
+}
+
+impl Backend {
+    /// The URL of the server's shared test database.
+    pub fn admin_url(self) -> String {
+        match self {
+            Backend::Postgres => std::env::var("OUTBOX_TEST_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+            Backend::MySql => std::env::var("OUTBOX_TEST_MYSQL_URL")
+                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
+            Backend::Sqlite => String::new(),
+        }
+    }
+}
+
+/// One test's own database, with the outbox tables and the test entities.
+pub struct TestDb {
+    /// Which server it lives on.
+    pub backend: Backend,
+    /// A URL that reaches exactly this database (for a relay process).
+    pub url: String,
+    /// A pooled SeaORM connection to it.
+    pub db: DatabaseConnection,
+    name: String,
+    sqlite_dir: Option<PathBuf>,
+}
+
+impl TestDb {
+    /// Creates an empty isolated database and applies the outbox migrations
+    /// and the tables of [`crate::entities`].
+    pub async fn new(backend: Backend) -> Self {
+        let name = format!("outbox_t_{}", uuid::Uuid::now_v7().simple());
+        let mut sqlite_dir = None;
+        let url = match backend {
+            Backend::Postgres => {
+                let admin = connect(&backend.admin_url()).await;
+                admin
+                    .execute_unprepared(&format!("CREATE SCHEMA {name}"))
+                    .await
+                    .expect("create schema");
+                admin.close().await.ok();
+                with_query(
+                    &backend.admin_url(),
+                    &format!("options=-c%20search_path%3D{name}"),
+                )
+            }
+            Backend::MySql => {
+                let admin = connect(&backend.admin_url()).await;
+                admin
+                    .execute_unprepared(&format!("CREATE DATABASE {name}"))
+                    .await
+                    .expect("create database");
+                admin.close().await.ok();
+                let base = backend.admin_url();
+                let server = base
+                    .rsplit_once('/')
+                    .map(|(server, _)| server)
+                    .unwrap_or(&base);
+                format!("{server}/{name}")
+            }
+            Backend::Sqlite => {
+                let dir = std::env::temp_dir().join(&name);
+                std::fs::create_dir_all(&dir).expect("create sqlite dir");
+                let url = format!("sqlite://{}?mode=rwc", dir.join("outbox.db").display());
+                sqlite_dir = Some(dir);
+                url
+            }
+        };
+        let db = connect(&url).await;
+        Migrator::up(&db, None).await.expect("outbox migrations");
+        crate::entities::create_tables(&db).await;
+        Self {
+            backend,
+            url,
+            db,
+            name,
+            sqlite_dir,
+        }
+    }
+
+    /// The SeaORM backend of the connection.
+    pub fn db_backend(&self) -> DbBackend {
+        self.db.get_database_backend()
+    }
+
+    /// Counts rows with a raw `SELECT COUNT(*) FROM <table> [WHERE ..]`.
+    pub async fn count(&self, table_and_filter: &str) -> i64 {
+        let sql = format!("SELECT COUNT(*) FROM {table_and_filter}");
+        let row = self
+            .db
+            .query_one_raw(sea_orm::Statement::from_string(self.db_backend(), sql))
+            .await
+            .expect("count query")
+            .expect("count row");
+        row.try_get_by_index::<i64>(0).expect("count value")
+    }
+
+    /// Every outbox row, in insertion order.
+    pub async fn outbox_rows(&self) -> Vec<OutboxRow> {
+        let sql = match self.backend {
+            Backend::Postgres => {
+                "SELECT id::text, aggregatetype, aggregateid, type, payload::text, \
+                 event_version::bigint, aggregate_seq, traceparent FROM outbox ORDER BY seq"
+            }
+            Backend::MySql | Backend::Sqlite => {
+                "SELECT id, aggregatetype, aggregateid, type, payload, \
+                 event_version, aggregate_seq, traceparent FROM outbox ORDER BY seq"
+            }
+        };
+        let rows = self
+            .db
+            .query_all_raw(sea_orm::Statement::from_string(self.db_backend(), sql))
+            .await
+            .expect("select outbox rows");
+        rows.iter()
+            .map(|row| OutboxRow {
+                id: row.try_get_by_index(0).expect("id"),
+                aggregate_type: row.try_get_by_index(1).expect("aggregatetype"),
+                aggregate_id: row.try_get_by_index(2).expect("aggregateid"),
+                event_type: row.try_get_by_index(3).expect("type"),
+                payload: row
+                    .try_get_by_index::<Option<String>>(4)
+                    .expect("payload")
+                    .map(|text| serde_json::from_str(&text).expect("payload is JSON")),
+                event_version: row.try_get_by_index(5).expect("event_version"),
+                aggregate_seq: row.try_get_by_index(6).expect("aggregate_seq"),
+                traceparent: row.try_get_by_index(7).expect("traceparent"),
+            })
+            .collect()
+    }
+
+    /// Drops the database. Call at the end of a test; a failed test leaves
+    /// its database behind for inspection (names start with `outbox_t_`).
+    pub async fn drop(self) {
+        self.db.close().await.ok();
+        match self.backend {
+            Backend::Postgres => {
+                let admin = connect(&self.backend.admin_url()).await;
+                admin
+                    .execute_unprepared(&format!("DROP SCHEMA {} CASCADE", self.name))
+                    .await
+                    .ok();
+                admin.close().await.ok();
+            }
+            Backend::MySql => {
+                let admin = connect(&self.backend.admin_url()).await;
+                admin
+                    .execute_unprepared(&format!("DROP DATABASE {}", self.name))
+                    .await
+                    .ok();
+                admin.close().await.ok();
+            }
+            Backend::Sqlite => {
+                if let Some(dir) = self.sqlite_dir {
+                    std::fs::remove_dir_all(dir).ok();
+                }
+            }
+        }
+    }
+}
+
+/// An outbox row as the tests read it back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxRow {
+    /// `id`, hyphenated.
+    pub id: String,
+    /// `aggregatetype`.
+    pub aggregate_type: String,
+    /// `aggregateid`.
+    pub aggregate_id: String,
+    /// `type`.
+    pub event_type: String,
+    /// `payload`, parsed.
+    pub payload: Option<serde_json::Value>,
+    /// `event_version`.
+    pub event_version: i64,
+    /// `aggregate_seq`.
+    pub aggregate_seq: Option<i64>,
+    /// `traceparent`.
+    pub traceparent: Option<String>,
+}
+
+/// Connects or fails the test with the URL and the way to fix it.
+pub async fn connect(url: &str) -> DatabaseConnection {
+    let mut options = ConnectOptions::new(url);
+    options
+        .max_connections(16)
+        .connect_timeout(Duration::from_secs(10))
+        .sqlx_logging(false);
+    match Database::connect(options).await {
+        Ok(db) => db,
+        Err(error) => panic!(
+            "cannot connect to {url}: {error}. The integration tests need the local PostgreSQL \
+             and MariaDB servers (see README, \"Running the tests\")"
+        ),
+    }
+}
+
+fn with_query(url: &str, query: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{query}")
+}
+
+/// Creates the table of an entity on `db`.
+pub async fn create_table<E: sea_orm::EntityTrait>(db: &DatabaseConnection, entity: E) {
+    let backend = db.get_database_backend();
+    let statement = Schema::new(backend).create_table_from_entity(entity);
+    db.execute(&statement).await.expect("create test table");
+}

@@ -1,0 +1,47 @@
+//! Domain events of the test entities.
+
+use std::collections::BTreeMap;
+
+use outbox_core::DomainEvent;
+use serde::{Deserialize, Serialize};
+
+/// Appended by the order hooks when an order row is inserted.
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize)]
+#[domain_event(aggregate = "Order", version = 1)]
+pub struct OrderPlaced {
+    /// The order's id.
+    pub order_id: i64,
+    /// Who ordered.
+    pub customer: String,
+    /// Order total.
+    pub total_cents: i64,
+}
+
+/// Appended by the order hooks when an order row is updated.
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize)]
+#[domain_event(aggregate = "Order", version = 1)]
+pub struct OrderStatusChanged {
+    /// The order's id.
+    pub order_id: i64,
+    /// The new status.
+    pub status: String,
+}
+
+/// Saved with invoices through the explicit API.
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize)]
+#[domain_event(aggregate = "Invoice", version = 2, name = "InvoiceIssued")]
+#[serde(rename_all = "camelCase")]
+pub struct InvoiceIssuedV2 {
+    /// Invoiced amount.
+    pub amount_cents: i64,
+    /// Optional note.
+    pub note: Option<String>,
+}
+
+/// An event whose payload serde_json refuses: map keys must be strings.
+#[derive(Debug, Clone, DomainEvent, Serialize)]
+#[domain_event(aggregate = "Invoice", version = 1)]
+pub struct Unserializable {
+    /// Keys that are not strings.
+    pub by_bytes: BTreeMap<Vec<u8>, u8>,
+}

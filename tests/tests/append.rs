@@ -1,0 +1,410 @@
+//! Appending events in the aggregate's transaction, on PostgreSQL, MariaDB
+//! and SQLite: each test runs once per backend against a fresh database.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_core::{ActiveModelOutboxExt, OutboxError, OutboxEvent};
+use outbox_tests::entities::{invoice, order};
+use outbox_tests::events::{InvoiceIssuedV2, OrderPlaced, Unserializable};
+use outbox_tests::{Backend, TestDb, backend_tests};
+use sea_orm::{
+    ActiveModelTrait, ActiveValue::Set, ConnectionTrait, EntityTrait, Statement, TransactionTrait,
+};
+use serde_json::json;
+
+backend_tests!(
+    commit_keeps_aggregate_and_events,
+    rollback_drops_aggregate_and_events,
+    error_mid_transaction_drops_everything,
+    save_outside_transaction_is_refused,
+    hooks_append_events_of_saved_rows,
+    hooks_refuse_saves_outside_transaction,
+    concurrent_writers_get_consecutive_sequences_in_commit_order,
+    plain_sql_insert_of_debezium_columns_gets_defaults,
+    unserializable_payload_writes_nothing,
+    traceparent_and_explicit_ids_are_stored,
+    sequence_survives_deleting_published_rows,
+);
+
+fn invoice_model(amount_cents: i64) -> invoice::ActiveModel {
+    invoice::ActiveModel {
+        amount_cents: Set(amount_cents),
+        ..Default::default()
+    }
+}
+
+fn issued(amount_cents: i64) -> InvoiceIssuedV2 {
+    InvoiceIssuedV2 {
+        amount_cents,
+        note: None,
+    }
+}
+
+async fn commit_keeps_aggregate_and_events(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let txn = t.db.begin().await.unwrap();
+    let saved = invoice_model(1200)
+        .insert_with_events(&txn, [issued(1200), issued(1300)])
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+
+    assert_eq!(t.count("invoices").await, 1);
+    let rows = t.outbox_rows().await;
+    assert_eq!(rows.len(), 2);
+    for (row, expected_seq) in rows.iter().zip(1..) {
+        assert_eq!(row.aggregate_type, "Invoice");
+        assert_eq!(row.aggregate_id, saved.id.to_string());
+        assert_eq!(row.event_type, "InvoiceIssued");
+        assert_eq!(row.event_version, 2);
+        assert_eq!(row.aggregate_seq, Some(expected_seq));
+        let id = uuid::Uuid::parse_str(&row.id).unwrap();
+        assert_eq!(id.get_version_num(), 7, "event ids are UUIDv7");
+    }
+    assert_eq!(
+        rows[0].payload,
+        Some(json!({"amountCents": 1200, "note": null}))
+    );
+    t.drop().await;
+}
+
+async fn rollback_drops_aggregate_and_events(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let txn = t.db.begin().await.unwrap();
+    invoice_model(10)
+        .insert_with_events(&txn, [issued(10)])
+        .await
+        .unwrap();
+    txn.rollback().await.unwrap();
+
+    assert_eq!(t.count("invoices").await, 0);
+    assert_eq!(t.count("outbox").await, 0);
+    t.drop().await;
+}
+
+async fn error_mid_transaction_drops_everything(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let result: Result<(), sea_orm::DbErr> = async {
+        let txn = t.db.begin().await?;
+        let saved = invoice_model(10)
+            .insert_with_events(&txn, [issued(10)])
+            .await?;
+        // The same primary key again: the database refuses it.
+        invoice::ActiveModel {
+            id: Set(saved.id),
+            amount_cents: Set(20),
+        }
+        .insert(&txn)
+        .await?;
+        txn.commit().await
+    }
+    .await;
+
+    assert!(result.is_err(), "the duplicate key must fail");
+    assert_eq!(t.count("invoices").await, 0);
+    assert_eq!(t.count("outbox").await, 0);
+    t.drop().await;
+}
+
+async fn save_outside_transaction_is_refused(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let error = invoice_model(10)
+        .insert_with_events(&t.db, [issued(10)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, OutboxError::NotInTransaction { .. }),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("inside a transaction"),
+        "{error}"
+    );
+    let error = outbox_core::append(&t.db, [OutboxEvent::new(issued(1)).aggregate_id("1")])
+        .await
+        .unwrap_err();
+    assert!(matches!(error, OutboxError::NotInTransaction { .. }));
+
+    assert_eq!(t.count("invoices").await, 0);
+    assert_eq!(t.count("outbox").await, 0);
+    t.drop().await;
+}
+
+async fn hooks_append_events_of_saved_rows(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let txn = t.db.begin().await.unwrap();
+    let placed = order::ActiveModel {
+        customer: Set("ada".into()),
+        total_cents: Set(4200),
+        status: Set("placed".into()),
+        ..Default::default()
+    }
+    .insert(&txn)
+    .await
+    .unwrap();
+    let mut paid: order::ActiveModel = placed.clone().into();
+    paid.status = Set("paid".into());
+    paid.update(&txn).await.unwrap();
+    txn.commit().await.unwrap();
+
+    let rows = t.outbox_rows().await;
+    let summary: Vec<_> = rows
+        .iter()
+        .map(|row| {
+            (
+                row.aggregate_id.clone(),
+                row.event_type.as_str(),
+                row.aggregate_seq,
+            )
+        })
+        .collect();
+    let id = placed.id.to_string();
+    assert_eq!(
+        summary,
+        [
+            (id.clone(), "OrderPlaced", Some(1)),
+            (id.clone(), "OrderStatusChanged", Some(2)),
+        ]
+    );
+    let payload: OrderPlaced = serde_json::from_value(rows[0].payload.clone().unwrap()).unwrap();
+    assert_eq!(
+        payload,
+        OrderPlaced {
+            order_id: placed.id,
+            customer: "ada".into(),
+            total_cents: 4200
+        }
+    );
+    assert_eq!(
+        rows[1].payload,
+        Some(json!({"order_id": placed.id, "status": "paid"}))
+    );
+    t.drop().await;
+}
+
+async fn hooks_refuse_saves_outside_transaction(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let error = order::ActiveModel {
+        customer: Set("ada".into()),
+        total_cents: Set(1),
+        status: Set("placed".into()),
+        ..Default::default()
+    }
+    .insert(&t.db)
+    .await
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("inside a transaction"),
+        "{error}"
+    );
+    assert_eq!(t.count("orders").await, 0);
+    assert_eq!(t.count("outbox").await, 0);
+    t.drop().await;
+}
+
+/// Eight transactions append to one aggregate at once, each holding its
+/// transaction open for a while. An observer polling committed rows must
+/// always see the numbers 1..=k with no gap: numbers are handed out in
+/// commit order, never twice.
+async fn concurrent_writers_get_consecutive_sequences_in_commit_order(backend: Backend) {
+    const WRITERS: usize = 8;
+    let t = TestDb::new(backend).await;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let observations = Arc::new(Mutex::new(Vec::<Vec<i64>>::new()));
+
+    let observer = {
+        let db = t.db.clone();
+        let done = done.clone();
+        let observations = observations.clone();
+        tokio::spawn(async move {
+            let sql = "SELECT aggregate_seq FROM outbox WHERE aggregateid = 'shared' ORDER BY aggregate_seq";
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let rows = db
+                    .query_all_raw(Statement::from_string(db.get_database_backend(), sql))
+                    .await
+                    .expect("observer query");
+                let seen: Vec<i64> = rows
+                    .iter()
+                    .map(|row| row.try_get_by_index::<i64>(0).unwrap())
+                    .collect();
+                observations.lock().unwrap().push(seen);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|writer| {
+            let db = t.db.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis((writer as u64 * 7) % 23)).await;
+                let txn = db.begin().await.expect("begin");
+                let appended = invoice_model(writer as i64)
+                    .insert_with_events(
+                        &txn,
+                        [OutboxEvent::new(issued(writer as i64)).aggregate_id("shared")],
+                    )
+                    .await
+                    .expect("append");
+                // Hold the transaction open so that others queue behind it.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                txn.commit().await.expect("commit");
+                appended
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    observer.await.unwrap();
+
+    let mut sequences: Vec<i64> = t
+        .outbox_rows()
+        .await
+        .iter()
+        .map(|row| row.aggregate_seq.unwrap())
+        .collect();
+    sequences.sort_unstable();
+    assert_eq!(sequences, (1..=WRITERS as i64).collect::<Vec<_>>());
+    let observations = observations.lock().unwrap().clone();
+    assert!(observations.len() > 1, "the observer ran during the writes");
+    for seen in &observations {
+        let prefix: Vec<i64> = (1..=seen.len() as i64).collect();
+        assert_eq!(
+            seen, &prefix,
+            "committed sequence numbers must never have a gap"
+        );
+    }
+    t.drop().await;
+}
+
+async fn plain_sql_insert_of_debezium_columns_gets_defaults(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let id = uuid::Uuid::now_v7().to_string();
+    let sql = format!(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+         VALUES ('{id}', 'Customer', 'c-1', 'CustomerRegistered', '{{\"name\": \"ada\"}}')"
+    );
+    t.db.execute_unprepared(&sql).await.unwrap();
+
+    let pending_sql = "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL \
+         AND dead_lettered_at IS NULL AND attempts = 0 AND created_at IS NOT NULL \
+         AND seq IS NOT NULL AND last_error IS NULL";
+    let row =
+        t.db.query_one_raw(Statement::from_string(t.db_backend(), pending_sql))
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(
+        row.try_get_by_index::<i64>(0).unwrap(),
+        1,
+        "a pending row with defaults"
+    );
+    let rows = t.outbox_rows().await;
+    assert_eq!(rows[0].id, id);
+    assert_eq!(rows[0].event_version, 1);
+    assert_eq!(rows[0].aggregate_seq, None);
+    assert_eq!(rows[0].payload, Some(json!({"name": "ada"})));
+    t.drop().await;
+}
+
+async fn unserializable_payload_writes_nothing(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let txn = t.db.begin().await.unwrap();
+    let bad = Unserializable {
+        by_bytes: [(vec![1u8], 1u8)].into(),
+    };
+    let events = [OutboxEvent::new(issued(5)), OutboxEvent::new(bad)];
+    let error = invoice_model(5)
+        .insert_with_events(&txn, events)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            OutboxError::Serialize {
+                event_type: "Unserializable",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    // Refused before the aggregate was written, even inside the transaction.
+    let in_txn = txn
+        .query_one_raw(Statement::from_string(
+            t.db_backend(),
+            "SELECT COUNT(*) FROM invoices",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(in_txn.try_get_by_index::<i64>(0).unwrap(), 0);
+    txn.commit().await.unwrap();
+    assert_eq!(t.count("invoices").await, 0);
+    assert_eq!(t.count("outbox").await, 0);
+    t.drop().await;
+}
+
+async fn traceparent_and_explicit_ids_are_stored(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let id = uuid::Uuid::now_v7();
+    let txn = t.db.begin().await.unwrap();
+    let appended = outbox_core::append(
+        &txn,
+        [OutboxEvent::new(issued(7))
+            .aggregate_id("inv-7")
+            .traceparent(traceparent)
+            .id(id)],
+    )
+    .await
+    .unwrap();
+    let error = outbox_core::append(
+        &txn,
+        [OutboxEvent::new(issued(8))
+            .aggregate_id("x")
+            .traceparent("nope")],
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(error, OutboxError::InvalidTraceparent { .. }),
+        "{error:?}"
+    );
+    let error = outbox_core::append(&txn, [issued(9)]).await.unwrap_err();
+    assert!(
+        matches!(error, OutboxError::MissingAggregateId { .. }),
+        "{error:?}"
+    );
+    txn.commit().await.unwrap();
+
+    assert_eq!(appended[0].id, id);
+    assert_eq!(appended[0].sequence, 1);
+    let rows = t.outbox_rows().await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].id, id.to_string());
+    assert_eq!(rows[0].aggregate_id, "inv-7");
+    assert_eq!(rows[0].traceparent.as_deref(), Some(traceparent));
+    t.drop().await;
+}
+
+async fn sequence_survives_deleting_published_rows(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let append_one = || async {
+        let txn = t.db.begin().await.unwrap();
+        let appended =
+            outbox_core::append(&txn, [OutboxEvent::new(issued(1)).aggregate_id("kept")])
+                .await
+                .unwrap();
+        txn.commit().await.unwrap();
+        appended[0].sequence
+    };
+    assert_eq!(append_one().await, 1);
+    assert_eq!(append_one().await, 2);
+    t.db.execute_unprepared("DELETE FROM outbox").await.unwrap();
+    assert_eq!(append_one().await, 3);
+    assert_eq!(invoice::Entity::find().all(&t.db).await.unwrap().len(), 0);
+    t.drop().await;
+}
