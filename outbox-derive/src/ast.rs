@@ -33,7 +33,8 @@ impl<'a> Event<'a> {
         if let Some(span) = serde.transparent {
             cx.syn_error(syn::Error::new(
                 span,
-                "DomainEvent payloads are JSON objects; #[serde(transparent)] is not supported",
+                "#[serde(transparent)] is not supported: a DomainEvent payload is a JSON object \
+                 of the struct's fields; remove it",
             ));
         }
         let fields = match &input.data {
@@ -50,8 +51,12 @@ impl<'a> Event<'a> {
                 Fields::Unit => {
                     cx.error_spanned_by(
                         &input.ident,
-                        "DomainEvent can only be derived for structs with named fields, \
-                         whose payload is a JSON object; add fields or use `struct Name {}`",
+                        format!(
+                            "DomainEvent can only be derived for structs with named fields, \
+                             whose payload is a JSON object; add fields or write \
+                             `struct {} {{}}`",
+                            input.ident
+                        ),
                     );
                     None
                 }
@@ -67,7 +72,8 @@ impl<'a> Event<'a> {
             Data::Union(data) => {
                 cx.error_spanned_by(
                     data.union_token,
-                    "DomainEvent can only be derived for structs with named fields",
+                    "DomainEvent can only be derived for structs with named fields; \
+                     serde cannot serialize a union, declare a struct instead",
                 );
                 None
             }
@@ -75,6 +81,15 @@ impl<'a> Event<'a> {
         let fields = fields?
             .iter()
             .filter_map(|field| {
+                for attr in &field.attrs {
+                    if attr.path().is_ident("domain_event") {
+                        cx.error_spanned_by(
+                            attr,
+                            "#[domain_event(..)] belongs on the event struct, not on a field; \
+                             use #[serde(rename = \"..\")] or #[serde(skip)] to shape a field",
+                        );
+                    }
+                }
                 let ident = field.ident.as_ref()?;
                 let attrs = SerdeField::from_attrs(&field.attrs);
                 if attrs.skip_serializing {

@@ -2,9 +2,10 @@
 //! `#[domain_event(..)]` and the serde attributes that shape the payload.
 
 use proc_macro2::Span;
+use quote::ToTokens;
 use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned;
-use syn::{Attribute, Ident, LitInt, LitStr};
+use syn::{Attribute, Expr, Ident, Lit, LitStr, Meta, Token};
 
 use crate::case::RenameRule;
 use crate::ctxt::Ctxt;
@@ -16,93 +17,79 @@ pub struct EventAttrs {
     pub name: String,
 }
 
+/// The example every message about the attribute as a whole shows.
+const ATTRIBUTE_EXAMPLE: &str = "#[domain_event(aggregate = \"...\", version = 1)]";
+
+/// One key of `#[domain_event(..)]`, as read.
+enum Given<T> {
+    Absent,
+    Valid(T),
+    /// Written, but wrong; that is already reported.
+    Reported,
+}
+
+/// The keys of every `#[domain_event(..)]` on a struct, each checked as it
+/// is read so errors come out in source order.
+struct RawEventAttrs<'a> {
+    /// The first `#[domain_event]`, where a missing key belongs.
+    first: Option<&'a Attribute>,
+    aggregate: Given<String>,
+    version: Given<u32>,
+    name: Given<String>,
+    /// A syntax error stopped reading an attribute, so a key that looks
+    /// missing may only be unread.
+    unreadable: bool,
+}
+
 impl EventAttrs {
     /// Reads and checks the `domain_event` attributes of the struct `ident`.
     /// Returns `None` when an error was recorded.
     pub fn from_attrs(cx: &Ctxt, ident: &Ident, attrs: &[Attribute]) -> Option<Self> {
-        let mut aggregate: Option<LitStr> = None;
-        let mut version: Option<LitInt> = None;
-        let mut name: Option<LitStr> = None;
-        let mut seen_attribute = false;
-
-        for attr in attrs
-            .iter()
-            .filter(|attr| attr.path().is_ident("domain_event"))
-        {
-            seen_attribute = true;
-            let result = attr.parse_nested_meta(|meta| {
-                if meta.path.is_ident("aggregate") {
-                    set_once(cx, &meta, &mut aggregate, "aggregate")
-                } else if meta.path.is_ident("version") {
-                    set_once(cx, &meta, &mut version, "version")
-                } else if meta.path.is_ident("name") {
-                    set_once(cx, &meta, &mut name, "name")
-                } else {
-                    let key = meta.path.get_ident().map(ToString::to_string).unwrap_or_default();
-                    Err(meta.error(format!(
-                        "unknown domain_event attribute `{key}`; expected `aggregate`, `version` or `name`"
-                    )))
-                }
-            });
-            if let Err(error) = result {
-                cx.syn_error(error);
-                return None;
-            }
-        }
-
-        if !seen_attribute {
+        let raw = RawEventAttrs::read(cx, attrs);
+        let Some(first) = raw.first else {
             cx.error_spanned_by(
                 ident,
-                "missing #[domain_event(aggregate = \"...\", version = N)] on the event struct",
+                format!(
+                    "missing {ATTRIBUTE_EXAMPLE} on the event struct: DomainEvent needs the \
+                     aggregate the event belongs to and the version of its payload"
+                ),
             );
             return None;
-        }
-        let aggregate = match aggregate {
-            Some(lit) if lit.value().trim().is_empty() => {
-                cx.error_spanned_by(&lit, "`aggregate` must not be empty");
-                None
-            }
-            Some(lit) => Some(lit.value()),
-            None => {
-                cx.error_spanned_by(
-                    ident,
-                    "missing `aggregate`: add `aggregate = \"...\"` to #[domain_event(..)], \
-                     naming the aggregate this event belongs to",
-                );
-                None
+        };
+        let missing = |key: &str, message: &str| {
+            if !raw.unreadable {
+                cx.error_spanned_by(first, format!("missing `{key}`: {message}"));
             }
         };
-        let version = match version {
-            Some(lit) => match lit.base10_parse::<u32>() {
-                Ok(0) => {
-                    cx.error_spanned_by(&lit, "`version` starts at 1; use `version = 1`");
-                    None
-                }
-                Ok(version) => Some(version),
-                Err(_) => {
-                    cx.error_spanned_by(&lit, "`version` must be an integer from 1 to 4294967295");
-                    None
-                }
-            },
-            None => {
-                cx.error_spanned_by(
-                    ident,
-                    "missing `version`: add `version = 1` to #[domain_event(..)] and bump it \
-                     whenever the payload changes in a way old readers cannot handle",
+
+        let aggregate = match raw.aggregate {
+            Given::Valid(aggregate) => Some(aggregate),
+            Given::Absent => {
+                missing(
+                    "aggregate",
+                    "add `aggregate = \"...\"` to #[domain_event(..)], naming the aggregate \
+                     this event belongs to",
                 );
                 None
             }
+            Given::Reported => None,
         };
-        let name = match name {
-            Some(lit) if lit.value().trim().is_empty() => {
-                cx.error_spanned_by(
-                    &lit,
-                    "`name` must not be empty; omit it to use the struct name",
+        let version = match raw.version {
+            Given::Valid(version) => Some(version),
+            Given::Absent => {
+                missing(
+                    "version",
+                    "add `version = 1` to #[domain_event(..)] and bump it whenever the \
+                     payload changes in a way old readers cannot handle",
                 );
                 None
             }
-            Some(lit) => Some(lit.value()),
-            None => Some(unraw(ident)),
+            Given::Reported => None,
+        };
+        let name = match raw.name {
+            Given::Valid(name) => Some(name),
+            Given::Absent => Some(unraw(ident)),
+            Given::Reported => None,
         };
         Some(Self {
             aggregate: aggregate?,
@@ -112,22 +99,169 @@ impl EventAttrs {
     }
 }
 
-fn set_once<T: syn::parse::Parse>(
+impl<'a> RawEventAttrs<'a> {
+    /// Reads every `#[domain_event(..)]`, reporting unknown, duplicate,
+    /// valueless and invalid keys but reading on past them.
+    fn read(cx: &Ctxt, attrs: &'a [Attribute]) -> Self {
+        let mut raw = Self {
+            first: None,
+            aggregate: Given::Absent,
+            version: Given::Absent,
+            name: Given::Absent,
+            unreadable: false,
+        };
+        for attr in attrs
+            .iter()
+            .filter(|attr| attr.path().is_ident("domain_event"))
+        {
+            raw.first.get_or_insert(attr);
+            if !matches!(attr.meta, Meta::List(_)) {
+                cx.error_spanned_by(
+                    attr,
+                    format!("#[domain_event] takes arguments: {ATTRIBUTE_EXAMPLE}"),
+                );
+                raw.unreadable = true;
+                continue;
+            }
+            let result = attr.parse_nested_meta(|meta| {
+                if meta.path.is_ident("aggregate") {
+                    read_key(
+                        cx,
+                        &meta,
+                        "aggregate = \"Order\"",
+                        &mut raw.aggregate,
+                        |expr| {
+                            non_empty_str(
+                                cx,
+                                expr,
+                                "aggregate",
+                                "name the aggregate this event belongs to",
+                            )
+                        },
+                    )
+                } else if meta.path.is_ident("version") {
+                    read_key(cx, &meta, "version = 1", &mut raw.version, |expr| {
+                        version(cx, expr)
+                    })
+                } else if meta.path.is_ident("name") {
+                    read_key(cx, &meta, "name = \"OrderPlaced\"", &mut raw.name, |expr| {
+                        non_empty_str(cx, expr, "name", "omit `name` to use the struct name")
+                    })
+                } else {
+                    let key = meta.path.to_token_stream().to_string().replace(' ', "");
+                    cx.error_spanned_by(
+                        &meta.path,
+                        format!(
+                            "unknown domain_event attribute `{key}`; expected `aggregate`, \
+                             `version` or `name`{}",
+                            unknown_key_hint(&key)
+                        ),
+                    );
+                    skip_value(&meta)
+                }
+            });
+            if let Err(error) = result {
+                cx.syn_error(error);
+                raw.unreadable = true;
+            }
+        }
+        raw
+    }
+}
+
+/// A pointer to what a user writing `key` most likely wants.
+fn unknown_key_hint(key: &str) -> &'static str {
+    match key {
+        "topic" => {
+            " (the Kafka topic follows from `aggregate`: `outbox.event.<aggregate>` by default, \
+             configured in the relay)"
+        }
+        "type" | "event_type" | "r#type" => " (`name` sets the event type)",
+        _ => "",
+    }
+}
+
+/// Reads `key = value` into `slot` unless it is already set, checking the
+/// value with `check`. `example` shows the key with a value.
+fn read_key<T>(
     cx: &Ctxt,
     meta: &ParseNestedMeta<'_>,
-    slot: &mut Option<T>,
-    key: &str,
+    example: &str,
+    slot: &mut Given<T>,
+    check: impl FnOnce(&Expr) -> Option<T>,
 ) -> syn::Result<()> {
-    let value: T = meta.value()?.parse()?;
-    if slot.is_some() {
+    let key = meta.path.to_token_stream();
+    if !matches!(slot, Given::Absent) {
+        skip_value(meta)?;
         cx.error_spanned_by(
             &meta.path,
-            format!("duplicate `{key}` in #[domain_event(..)]"),
+            format!("duplicate `{key}` in #[domain_event(..)]; keep only one"),
         );
-    } else {
-        *slot = Some(value);
+        return Ok(());
     }
+    *slot = if meta.input.peek(Token![=]) {
+        let expr: Expr = meta.value()?.parse()?;
+        check(&expr).map_or(Given::Reported, Given::Valid)
+    } else {
+        skip_value(meta)?;
+        cx.error_spanned_by(&meta.path, format!("`{key}` needs a value: `{example}`"));
+        Given::Reported
+    };
     Ok(())
+}
+
+/// The value of a `key = ".."` that must be a non-empty string.
+fn non_empty_str(cx: &Ctxt, expr: &Expr, key: &str, fix: &str) -> Option<String> {
+    match expr_lit(expr) {
+        Some(Lit::Str(lit)) if lit.value().trim().is_empty() => {
+            cx.error_spanned_by(lit, format!("`{key}` must not be empty; {fix}"));
+            None
+        }
+        Some(Lit::Str(lit)) => Some(lit.value()),
+        _ => {
+            let example = match expr {
+                Expr::Path(path) => path.to_token_stream().to_string().replace(' ', ""),
+                _ => "...".to_owned(),
+            };
+            cx.error_spanned_by(
+                expr,
+                format!("`{key}` must be a string literal: `{key} = \"{example}\"`"),
+            );
+            None
+        }
+    }
+}
+
+/// The value of `version = N`: an integer from 1 to `u32::MAX`.
+fn version(cx: &Ctxt, expr: &Expr) -> Option<u32> {
+    let message = match expr_lit(expr) {
+        Some(Lit::Int(lit)) => match lit.base10_parse::<u32>() {
+            Ok(0) => "`version` starts at 1: use `version = 1`".to_owned(),
+            Ok(version) => return Some(version),
+            Err(_) => VERSION_RANGE.to_owned(),
+        },
+        Some(Lit::Str(lit)) => match lit.value().trim().parse::<u32>() {
+            Ok(version) if version > 0 => {
+                format!("`version` must be an integer, not a string: `version = {version}`")
+            }
+            _ => VERSION_RANGE.to_owned(),
+        },
+        _ => VERSION_RANGE.to_owned(),
+    };
+    cx.error_spanned_by(expr, message);
+    None
+}
+
+/// What `version` accepts, for every value outside it.
+const VERSION_RANGE: &str = "`version` must be an integer from 1 to 4294967295, like `version = 2`";
+
+/// The literal `expr` is, if it is one.
+fn expr_lit(expr: &Expr) -> Option<&Lit> {
+    match expr {
+        Expr::Lit(lit) => Some(&lit.lit),
+        Expr::Group(group) => expr_lit(&group.expr),
+        _ => None,
+    }
 }
 
 /// The serde attributes of the struct that change the payload's shape.
@@ -206,7 +340,7 @@ fn for_each_serde_meta(
 
 /// The serialized name of `rename = ".."` or `rename(serialize = "..")`.
 fn serialize_name(meta: &ParseNestedMeta<'_>) -> syn::Result<Option<String>> {
-    if meta.input.peek(syn::Token![=]) {
+    if meta.input.peek(Token![=]) {
         let lit: LitStr = meta.value()?.parse()?;
         return Ok(Some(lit.value()));
     }
@@ -223,10 +357,10 @@ fn serialize_name(meta: &ParseNestedMeta<'_>) -> syn::Result<Option<String>> {
 
 /// Consumes `= value` or `(..)` after a key we do not interpret.
 fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
-    if meta.input.peek(syn::Token![=]) {
-        meta.value()?.parse::<syn::Expr>()?;
+    if meta.input.peek(Token![=]) {
+        meta.value()?.parse::<Expr>()?;
     } else if meta.input.peek(syn::token::Paren) {
-        meta.parse_nested_meta(|inner| skip_value(&inner))?;
+        meta.input.parse::<proc_macro2::Group>()?;
     }
     Ok(())
 }
@@ -235,4 +369,167 @@ fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
 pub fn unraw(ident: &Ident) -> String {
     let name = ident.to_string();
     name.strip_prefix("r#").map(str::to_owned).unwrap_or(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use syn::{DeriveInput, parse_quote};
+
+    use super::*;
+
+    /// The checked attributes of `input`, or the messages of every error.
+    fn read(input: DeriveInput) -> Result<EventAttrs, Vec<String>> {
+        let cx = Ctxt::default();
+        let attrs = EventAttrs::from_attrs(&cx, &input.ident, &input.attrs);
+        match cx.check() {
+            Ok(()) => Ok(attrs.expect("no error was recorded")),
+            Err(errors) => Err(errors.iter().map(ToString::to_string).collect()),
+        }
+    }
+
+    fn version_of(value: Expr) -> Result<u32, Vec<String>> {
+        read(parse_quote! {
+            #[domain_event(aggregate = "Order", version = #value)]
+            struct OrderPlaced {}
+        })
+        .map(|attrs| attrs.version)
+    }
+
+    #[test]
+    fn reads_every_key_and_defaults_the_name_to_the_struct() {
+        let attrs = read(parse_quote! {
+            #[domain_event(aggregate = "Order", version = 2)]
+            struct r#OrderPlaced {}
+        })
+        .unwrap();
+        assert_eq!(attrs.aggregate, "Order");
+        assert_eq!(attrs.version, 2);
+        assert_eq!(attrs.name, "OrderPlaced");
+
+        let attrs = read(parse_quote! {
+            #[domain_event(name = "order.placed")]
+            #[domain_event(aggregate = "Order", version = 1)]
+            struct OrderPlaced {}
+        })
+        .unwrap();
+        assert_eq!(attrs.name, "order.placed");
+    }
+
+    #[test]
+    fn accepts_versions_from_one_to_u32_max() {
+        assert_eq!(version_of(parse_quote!(1)), Ok(1));
+        assert_eq!(version_of(parse_quote!(4294967295)), Ok(u32::MAX));
+        assert_eq!(version_of(parse_quote!(7u32)), Ok(7));
+        for rejected in [
+            parse_quote!(0),
+            parse_quote!(4294967296),
+            parse_quote!(-1),
+            parse_quote!(1.5),
+            parse_quote!(V2),
+            parse_quote!("2"),
+        ] {
+            let errors = version_of(rejected).unwrap_err();
+            assert_eq!(errors.len(), 1, "{errors:?}");
+        }
+        assert_eq!(
+            version_of(parse_quote!("2")).unwrap_err(),
+            ["`version` must be an integer, not a string: `version = 2`"]
+        );
+    }
+
+    #[test]
+    fn reports_every_bad_key_in_source_order() {
+        let errors = read(parse_quote! {
+            #[domain_event(aggregate = "", version = 0, topic = "t", name = "A", name = "B")]
+            struct OrderPlaced {}
+        })
+        .err()
+        .unwrap();
+        let starts: Vec<&str> = errors
+            .iter()
+            .map(|error| error.split(';').next().unwrap())
+            .collect();
+        assert_eq!(
+            starts,
+            [
+                "`aggregate` must not be empty",
+                "`version` starts at 1: use `version = 1`",
+                "unknown domain_event attribute `topic`",
+                "duplicate `name` in #[domain_event(..)]",
+            ]
+        );
+    }
+
+    #[test]
+    fn reports_missing_keys_only_when_the_attribute_was_read() {
+        let errors = read(parse_quote! {
+            #[domain_event(name = "Placed")]
+            struct OrderPlaced {}
+        })
+        .err()
+        .unwrap();
+        assert_eq!(errors.len(), 2);
+        assert!(errors[0].starts_with("missing `aggregate`"), "{errors:?}");
+        assert!(errors[1].starts_with("missing `version`"), "{errors:?}");
+
+        // A syntax error hides what follows it, so nothing is called missing.
+        let errors = read(parse_quote! {
+            #[domain_event(version = 1 aggregate = "Order")]
+            struct OrderPlaced {}
+        })
+        .err()
+        .unwrap();
+        assert_eq!(errors, ["expected `,`"]);
+    }
+
+    #[test]
+    fn reads_on_past_keys_without_values() {
+        let errors = read(parse_quote! {
+            #[domain_event(aggregate, version(2), unknown(a b c), name = "")]
+            struct OrderPlaced {}
+        })
+        .err()
+        .unwrap();
+        assert_eq!(errors.len(), 4, "{errors:?}");
+        assert_eq!(
+            errors[0],
+            "`aggregate` needs a value: `aggregate = \"Order\"`"
+        );
+        assert_eq!(errors[1], "`version` needs a value: `version = 1`");
+        assert!(errors[3].starts_with("`name` must not be empty"));
+    }
+
+    #[test]
+    fn suggests_the_string_a_bare_word_meant() {
+        let errors = read(parse_quote! {
+            #[domain_event(aggregate = Order, version = 1)]
+            struct OrderPlaced {}
+        })
+        .err()
+        .unwrap();
+        assert_eq!(
+            errors,
+            ["`aggregate` must be a string literal: `aggregate = \"Order\"`"]
+        );
+    }
+
+    #[test]
+    fn reads_the_serialized_names_of_serde_attributes() {
+        let container = SerdeContainer::from_attrs(&[
+            parse_quote!(#[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]),
+            parse_quote!(#[serde(bound(serialize = "T: Serialize"), default)]),
+        ]);
+        assert_eq!(container.rename_all, Some(RenameRule::Camel));
+        assert!(container.default);
+        assert!(container.transparent.is_none());
+
+        let field = SerdeField::from_attrs(&[parse_quote!(
+            #[serde(rename(deserialize = "in", serialize = "out"), skip_serializing_if = "x")]
+        )]);
+        assert_eq!(field.rename.as_deref(), Some("out"));
+        assert!(!field.skip_serializing);
+
+        let field = SerdeField::from_attrs(&[parse_quote!(#[serde(rename(deserialize = "in"))])]);
+        assert_eq!(field.rename, None);
+    }
 }

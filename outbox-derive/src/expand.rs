@@ -13,7 +13,13 @@ pub fn derive_domain_event(input: &DeriveInput) -> Result<TokenStream, Vec<syn::
     let cx = Ctxt::default();
     let event = Event::from_ast(&cx, input);
     cx.check()?;
-    let event = event.expect("no errors were recorded, so the event was read");
+    // `from_ast` records an error whenever it returns `None`.
+    let Some(event) = event else {
+        return Err(vec![syn::Error::new_spanned(
+            &input.ident,
+            "DomainEvent could not read this struct",
+        )]);
+    };
 
     let ident = event.ident;
     let (impl_generics, ty_generics, where_clause) = event.generics.split_for_impl();
@@ -53,4 +59,115 @@ pub fn derive_domain_event(input: &DeriveInput) -> Result<TokenStream, Vec<syn::
             };
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::ToTokens;
+    use syn::{ImplItem, ItemImpl, parse_quote};
+
+    use super::*;
+
+    fn expand(input: DeriveInput) -> ItemImpl {
+        let tokens = derive_domain_event(&input).unwrap_or_else(|errors| {
+            panic!(
+                "{:?}",
+                errors.iter().map(ToString::to_string).collect::<Vec<_>>()
+            )
+        });
+        syn::parse2(tokens).expect("the expansion is one impl block")
+    }
+
+    fn errors(input: DeriveInput) -> Vec<String> {
+        match derive_domain_event(&input) {
+            Ok(_) => Vec::new(),
+            Err(errors) => errors.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    /// The tokens of the associated constant `name`, without spaces.
+    fn constant(item: &ItemImpl, name: &str) -> String {
+        item.items
+            .iter()
+            .find_map(|item| match item {
+                ImplItem::Const(constant) if constant.ident == name => {
+                    Some(constant.expr.to_token_stream().to_string().replace(' ', ""))
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no constant {name}"))
+    }
+
+    #[test]
+    fn implements_the_trait_with_constants_from_the_attribute() {
+        let item = expand(parse_quote! {
+            #[domain_event(aggregate = "Order", version = 2, name = "order.placed")]
+            #[serde(rename_all = "camelCase")]
+            struct OrderPlaced {
+                order_id: i64,
+                #[serde(skip)]
+                cache: Vec<u8>,
+                coupon: Option<std::string::String>,
+            }
+        });
+        let trait_path = item
+            .trait_
+            .as_ref()
+            .unwrap()
+            .1
+            .to_token_stream()
+            .to_string();
+        assert_eq!(trait_path.replace(' ', ""), "::outbox_core::DomainEvent");
+        assert_eq!(constant(&item, "AGGREGATE_TYPE"), "\"Order\"");
+        assert_eq!(constant(&item, "EVENT_TYPE"), "\"order.placed\"");
+        assert_eq!(constant(&item, "VERSION"), "2u32");
+        let schema = constant(&item, "SCHEMA");
+        assert!(schema.contains("name:\"orderId\",rust_name:\"order_id\",ty:\"i64\""));
+        assert!(
+            schema.contains(
+                "name:\"coupon\",rust_name:\"coupon\",ty:\"Option<String>\",optional:true"
+            )
+        );
+        assert!(!schema.contains("cache"), "{schema}");
+    }
+
+    #[test]
+    fn keeps_the_struct_generics() {
+        let item = expand(parse_quote! {
+            #[domain_event(aggregate = "Order", version = 1)]
+            struct OrderTagged<'a, T: Serialize, const N: usize> where T: Clone {
+                tag: &'a T,
+            }
+        });
+        assert_eq!(item.generics.params.len(), 3);
+        assert!(item.generics.where_clause.is_some());
+        let self_ty = item.self_ty.to_token_stream().to_string().replace(' ', "");
+        assert_eq!(self_ty, "OrderTagged<'a,T,N>");
+    }
+
+    #[test]
+    fn reports_shape_and_attribute_errors_together() {
+        let errors = errors(parse_quote! {
+            #[domain_event(aggregate = "Order")]
+            #[serde(transparent)]
+            struct OrderPlaced(i64);
+        });
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(errors[0].starts_with("missing `version`"));
+        assert!(errors[1].starts_with("#[serde(transparent)] is not supported"));
+        assert!(errors[2].starts_with("DomainEvent can only be derived for structs"));
+    }
+
+    #[test]
+    fn rejects_the_attribute_on_a_field() {
+        let errors = errors(parse_quote! {
+            #[domain_event(aggregate = "Order", version = 1)]
+            struct OrderPlaced {
+                #[domain_event(name = "id")]
+                order_id: i64,
+            }
+        });
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].starts_with("#[domain_event(..)] belongs on the event struct"));
+    }
 }

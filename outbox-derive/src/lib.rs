@@ -4,6 +4,9 @@
 //! collecting every misuse with the span of the offending tokens, and only
 //! then generates the `DomainEvent` implementation ([`expand`]). Use it
 //! through `outbox_core::DomainEvent`, which re-exports it.
+//!
+//! The messages users see are pinned by the `trybuild` suite in
+//! `outbox-core/tests/ui` (`cargo test -p outbox-core --test derive_ui`).
 
 mod ast;
 mod attr;

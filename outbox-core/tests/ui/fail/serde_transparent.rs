@@ -1,0 +1,11 @@
+use outbox_core::DomainEvent;
+use serde::Serialize;
+
+#[derive(DomainEvent, Serialize)]
+#[domain_event(aggregate = "Order", version = 1)]
+#[serde(transparent)]
+struct OrderPlaced {
+    order_id: i64,
+}
+
+fn main() {}

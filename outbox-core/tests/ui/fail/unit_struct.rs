@@ -1,0 +1,8 @@
+use outbox_core::DomainEvent;
+use serde::Serialize;
+
+#[derive(DomainEvent, Serialize)]
+#[domain_event(aggregate = "Order", version = 1)]
+struct OrderPlaced;
+
+fn main() {}

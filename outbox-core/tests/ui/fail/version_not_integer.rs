@@ -1,0 +1,10 @@
+use outbox_core::DomainEvent;
+use serde::Serialize;
+
+#[derive(DomainEvent, Serialize)]
+#[domain_event(aggregate = "Order", version = "2")]
+struct OrderPlaced {
+    order_id: i64,
+}
+
+fn main() {}

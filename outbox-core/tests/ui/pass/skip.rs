@@ -1,0 +1,38 @@
+//! Fields serde never writes are absent from the schema; fields it writes
+//! (even if it skips reading them) are present.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use outbox_core::DomainEvent;
+use serde::Serialize;
+
+#[derive(DomainEvent, Serialize)]
+#[domain_event(aggregate = "Order", version = 1)]
+struct OrderPlaced {
+    order_id: i64,
+    #[serde(skip)]
+    cache: Vec<u8>,
+    #[serde(skip_serializing)]
+    internal_note: String,
+    #[serde(skip_deserializing)]
+    placed_by: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tags: Vec<String>,
+}
+
+fn main() {
+    assert_eq!(
+        support::names::<OrderPlaced>(),
+        ["order_id", "placed_by", "tags"]
+    );
+    assert!(OrderPlaced::SCHEMA.field("cache").is_none());
+    assert!(OrderPlaced::SCHEMA.field("internal_note").is_none());
+    support::assert_schema_matches_serde(&OrderPlaced {
+        order_id: 1,
+        cache: vec![1, 2, 3],
+        internal_note: "secret".into(),
+        placed_by: "web".into(),
+        tags: vec!["gift".into()],
+    });
+}
