@@ -1,1 +1,20 @@
-//! placeholder
+//! The outbox relay: publishes committed outbox rows to Kafka (or standard
+//! output) in the message shape of Debezium's Outbox Event Router.
+//!
+//! Data flows one way: a [`source`] claims pending rows
+//! ([`record::OutboxRecord`]), each becomes a [`message::Message`], a
+//! [`sink`] publishes the batch and answers per message, and the
+//! [`relay`] settles the claim, marking rows only after their
+//! acknowledgement. The `outbox-relay` binary wires these from its
+//! [`cli`] and [`config`].
+
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod message;
+pub mod record;
+pub mod redact;
+pub mod relay;
+pub mod shutdown;
+pub mod sink;
+pub mod source;

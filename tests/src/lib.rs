@@ -10,6 +10,9 @@
 pub mod db;
 pub mod entities;
 pub mod events;
+pub mod kafka;
+pub mod process;
+pub mod stream;
 
 pub use db::{Backend, OutboxRow, TestDb};
 

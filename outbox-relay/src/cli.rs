@@ -1,0 +1,193 @@
+//! The command line: `outbox-relay <run|migrate|status|cleanup>`.
+//!
+//! Every option can also come from an environment variable or from the TOML
+//! file given with `--config`; the command line wins over the environment,
+//! which wins over the file, which wins over the defaults.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Publishes committed outbox rows to Kafka in the message shape of
+/// Debezium's Outbox Event Router (topic `outbox.event.<aggregatetype>`,
+/// key `aggregateid`, the payload as value, `id` and `eventType` headers).
+#[derive(Debug, Parser)]
+#[command(name = "outbox-relay", version, about, max_term_width = 100)]
+pub struct Cli {
+    /// Options of every command.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options of every command.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Database holding the outbox table: postgres://, mysql:// (mariadb://)
+    /// or sqlite:// [default: sqlite://outbox.db]
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// TOML file with values for any option (keys as the long option names,
+    /// with `_` for `-`; librdkafka settings under `[kafka]`)
+    #[arg(long, short = 'c', env = "OUTBOX_RELAY_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Publish pending rows until stopped (SIGINT/SIGTERM finish the batch in flight)
+    Run(RunArgs),
+    /// Create or update the outbox tables
+    Migrate,
+    /// Show pending, published and dead-lettered row counts
+    Status(StatusArgs),
+    /// Delete published rows older than the retention window, in small batches
+    Cleanup(CleanupArgs),
+}
+
+/// Where messages go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// A Kafka-API broker (acks=all, idempotent producer)
+    Kafka,
+    /// One JSON object per line on standard output
+    Stdout,
+}
+
+/// Options of `run`.
+#[derive(Debug, Args, Default)]
+pub struct RunArgs {
+    /// Where to publish [default: kafka when brokers are given, else stdout]
+    #[arg(long, env = "OUTBOX_SINK", value_enum)]
+    pub sink: Option<SinkKind>,
+
+    /// Kafka bootstrap servers, comma-separated host:port [default: 127.0.0.1:9092]
+    #[arg(long, env = "KAFKA_BROKERS")]
+    pub brokers: Option<String>,
+
+    /// Topic of each row; {aggregatetype} is replaced by the row's aggregate
+    /// type [default: outbox.event.{aggregatetype}]
+    #[arg(long, env = "OUTBOX_TOPIC_TEMPLATE")]
+    pub topic_template: Option<String>,
+
+    /// Rows claimed and published at once [default: 500]
+    #[arg(long, env = "OUTBOX_BATCH_SIZE")]
+    pub batch_size: Option<usize>,
+
+    /// Longest wait between checks for new rows; PostgreSQL is also woken
+    /// by LISTEN/NOTIFY at once [default: 1s on PostgreSQL, 100ms otherwise]
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", value_parser = parse_duration)]
+    pub poll_interval: Option<Duration>,
+
+    /// Attempts before a message the broker refuses for good (too large,
+    /// invalid topic) is dead-lettered [default: 10]
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS")]
+    pub max_attempts: Option<i32>,
+
+    /// Do not create missing topics; their rows stay pending until the topic exists
+    #[arg(long)]
+    pub no_create_topics: bool,
+
+    /// Partitions of a created topic [default: 1]
+    #[arg(long)]
+    pub topic_partitions: Option<i32>,
+
+    /// Replication factor of a created topic [default: 1]
+    #[arg(long)]
+    pub topic_replication_factor: Option<i32>,
+
+    /// How long the producer retries one message before reporting it failed [default: 30s]
+    #[arg(long, value_parser = parse_duration)]
+    pub message_timeout: Option<Duration>,
+
+    /// A librdkafka setting such as security.protocol=SASL_SSL (repeatable)
+    #[arg(long = "kafka-option", short = 'X', value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub kafka_options: Vec<(String, String)>,
+
+    /// Delete rows once published instead of marking them
+    #[arg(long)]
+    pub delete_on_publish: bool,
+
+    /// Keep published rows this long before the periodic cleanup deletes them [default: 7d]
+    #[arg(long, env = "OUTBOX_RETENTION", value_parser = parse_duration)]
+    pub retention: Option<Duration>,
+
+    /// How often the periodic cleanup runs [default: 10m]
+    #[arg(long, value_parser = parse_duration)]
+    pub cleanup_interval: Option<Duration>,
+
+    /// Never delete published rows while running
+    #[arg(long)]
+    pub no_cleanup: bool,
+
+    /// Exit once no row is pending, instead of waiting for new ones
+    #[arg(long)]
+    pub drain: bool,
+}
+
+/// Options of `status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `cleanup`.
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    /// Delete published rows older than this [default: 7d]
+    #[arg(long, value_parser = parse_duration)]
+    pub older_than: Option<Duration>,
+
+    /// Rows per DELETE statement [default: 1000]
+    #[arg(long)]
+    pub batch_size: Option<u64>,
+}
+
+/// Parses `500ms`, `30s`, `10m`, `7d`, ...
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|error| format!("{error} (use a duration such as 500ms, 30s, 10m or 7d)"))
+}
+
+fn parse_key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_owned(), value.trim().to_owned()))
+        }
+        _ => Err(format!("expected KEY=VALUE, got {text:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_and_settings_parse() {
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86400)
+        );
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("soon").unwrap_err().contains("500ms"));
+        assert_eq!(
+            parse_key_value("compression.type=lz4").unwrap(),
+            ("compression.type".into(), "lz4".into())
+        );
+        assert!(parse_key_value("nonsense").is_err());
+    }
+}

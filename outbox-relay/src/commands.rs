@@ -1,0 +1,131 @@
+//! What each subcommand does, on resolved settings.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use sea_orm::{ConnectOptions, Database};
+use sea_orm_migration::MigratorTrait;
+
+use crate::cli::{CleanupArgs, Cli, Command, SinkKind, StatusArgs};
+use crate::config::{FileConfig, RunSettings, cleanup_retention, database_url};
+use crate::message::TopicTemplate;
+use crate::redact::redact_url;
+use crate::relay::{Relay, delete_published};
+use crate::shutdown::Shutdown;
+use crate::sink::Sink;
+use crate::sink::kafka::KafkaSink;
+use crate::sink::stdout::StdoutSink;
+use crate::source::{self, SourceOptions, Status};
+
+/// Runs the parsed command line.
+pub async fn execute(cli: Cli) -> anyhow::Result<()> {
+    let file = FileConfig::load(cli.global.config.as_deref())?;
+    match cli.command {
+        Command::Run(args) => run(RunSettings::resolve(&cli.global, args, &file)?).await,
+        Command::Migrate => migrate(&database_url(&cli.global, &file)).await,
+        Command::Status(args) => status(&database_url(&cli.global, &file), &args).await,
+        Command::Cleanup(args) => cleanup(&database_url(&cli.global, &file), &args, &file).await,
+    }
+}
+
+async fn run(settings: RunSettings) -> anyhow::Result<()> {
+    let shutdown = Shutdown::on_signals().context("cannot install signal handlers")?;
+    let source = source::connect(&settings.database_url, settings.source).await?;
+    let sink: Arc<dyn Sink> = match settings.sink {
+        SinkKind::Stdout => Arc::new(StdoutSink),
+        SinkKind::Kafka => Arc::new(KafkaSink::connect(settings.kafka.clone()).await?),
+    };
+    tracing::info!(
+        database = %redact_url(&settings.database_url),
+        sink = ?settings.sink,
+        topics = %settings.topic_template,
+        batch_size = settings.relay.batch_size,
+        "relay started"
+    );
+    let relay = Relay::new(
+        Arc::from(source),
+        sink,
+        TopicTemplate::new(settings.topic_template),
+        settings.relay,
+    );
+    relay.run(shutdown).await;
+    Ok(())
+}
+
+async fn migrate(url: &str) -> anyhow::Result<()> {
+    // Creating the tables may create the SQLite file as well.
+    let url = if url.starts_with("sqlite:") && !url.contains("mode=") {
+        format!("{url}{}mode=rwc", if url.contains('?') { '&' } else { '?' })
+    } else {
+        url.to_owned()
+    };
+    let mut options = ConnectOptions::new(&url);
+    options
+        .sqlx_logging(false)
+        .connect_timeout(Duration::from_secs(10));
+    let db = Database::connect(options)
+        .await
+        .with_context(|| format!("cannot connect to the database at {}", redact_url(&url)))?;
+    outbox_migrations::Migrator::up(&db, None)
+        .await
+        .with_context(|| format!("migrating {} failed", redact_url(&url)))?;
+    eprintln!("the outbox tables in {} are up to date", redact_url(&url));
+    Ok(())
+}
+
+async fn status(url: &str, args: &StatusArgs) -> anyhow::Result<()> {
+    let source = source::connect(url, SourceOptions::default()).await?;
+    let status = source.status().await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print!("{}", status_table(&status));
+    }
+    Ok(())
+}
+
+fn status_table(status: &Status) -> String {
+    let age = status
+        .oldest_pending_age_seconds
+        .map(|seconds| {
+            humantime::format_duration(Duration::from_millis((seconds.max(0.0) * 1000.0) as u64))
+                .to_string()
+        })
+        .unwrap_or_else(|| "-".to_owned());
+    format!(
+        "pending          {}\noldest pending   {}\ndead letters     {}\npublished        {}\n",
+        status.pending, age, status.dead_letters, status.published
+    )
+}
+
+async fn cleanup(url: &str, args: &CleanupArgs, file: &FileConfig) -> anyhow::Result<()> {
+    let retention = cleanup_retention(args, file)?;
+    let source = source::connect(url, SourceOptions::default()).await?;
+    let shutdown = Shutdown::on_signals().context("cannot install signal handlers")?;
+    let deleted = delete_published(source.as_ref(), &retention, &shutdown).await?;
+    eprintln!(
+        "deleted {deleted} published rows older than {}",
+        humantime::format_duration(retention.keep_for)
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_table_reads_well() {
+        let table = status_table(&Status {
+            pending: 3,
+            oldest_pending_age_seconds: Some(62.5),
+            dead_letters: 1,
+            published: 10,
+        });
+        assert_eq!(
+            table,
+            "pending          3\noldest pending   1m 2s 500ms\ndead letters     1\npublished        10\n"
+        );
+    }
+}

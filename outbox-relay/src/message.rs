@@ -1,0 +1,137 @@
+//! [`Message`]: what a sink publishes, in the shape of Debezium's Outbox
+//! Event Router.
+//!
+//! - topic: the topic template with `{aggregatetype}` replaced
+//!   (default `outbox.event.{aggregatetype}`);
+//! - key: `aggregateid`, so one aggregate's events share a partition;
+//! - value: the payload's JSON bytes as stored, or null for a NULL payload;
+//! - headers: `id`, `eventType`, `eventVersion`, and `aggregateSequence` and
+//!   `traceparent` when the row has them.
+
+use crate::record::OutboxRecord;
+
+/// The default topic template, Debezium's `outbox.event.<aggregatetype>`.
+pub const DEFAULT_TOPIC_TEMPLATE: &str = "outbox.event.{aggregatetype}";
+
+/// Header carrying the event id.
+pub const HEADER_ID: &str = "id";
+/// Header carrying the event type.
+pub const HEADER_EVENT_TYPE: &str = "eventType";
+/// Header carrying the payload version.
+pub const HEADER_EVENT_VERSION: &str = "eventVersion";
+/// Header carrying the per-aggregate sequence number.
+pub const HEADER_AGGREGATE_SEQUENCE: &str = "aggregateSequence";
+/// Header carrying the W3C trace context.
+pub const HEADER_TRACEPARENT: &str = "traceparent";
+
+/// A message ready for a sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Destination topic.
+    pub topic: String,
+    /// Partitioning key: the aggregate id.
+    pub key: String,
+    /// Headers, in a fixed order.
+    pub headers: Vec<(&'static str, String)>,
+    /// The payload's JSON text; `None` for a tombstone.
+    pub payload: Option<String>,
+}
+
+/// Turns records into messages for one topic template.
+#[derive(Debug, Clone)]
+pub struct TopicTemplate {
+    template: String,
+}
+
+impl TopicTemplate {
+    /// A template in which `{aggregatetype}` stands for the row's aggregate type.
+    pub fn new(template: impl Into<String>) -> Self {
+        Self {
+            template: template.into(),
+        }
+    }
+
+    /// The topic of an aggregate type.
+    pub fn topic(&self, aggregate_type: &str) -> String {
+        self.template.replace("{aggregatetype}", aggregate_type)
+    }
+
+    /// The message for a claimed row.
+    pub fn message(&self, record: &OutboxRecord) -> Message {
+        let mut headers = vec![
+            (HEADER_ID, record.id.clone()),
+            (HEADER_EVENT_TYPE, record.event_type.clone()),
+            (HEADER_EVENT_VERSION, record.event_version.to_string()),
+        ];
+        if let Some(sequence) = record.aggregate_seq {
+            headers.push((HEADER_AGGREGATE_SEQUENCE, sequence.to_string()));
+        }
+        if let Some(traceparent) = &record.traceparent {
+            headers.push((HEADER_TRACEPARENT, traceparent.clone()));
+        }
+        Message {
+            topic: self.topic(&record.aggregate_type),
+            key: record.aggregate_id.clone(),
+            headers,
+            payload: record.payload.clone(),
+        }
+    }
+}
+
+impl Default for TopicTemplate {
+    fn default() -> Self {
+        Self::new(DEFAULT_TOPIC_TEMPLATE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> OutboxRecord {
+        OutboxRecord {
+            id: "0190a7e8-0000-7000-8000-000000000001".into(),
+            aggregate_type: "Order".into(),
+            aggregate_id: "42".into(),
+            event_type: "OrderPlaced".into(),
+            payload: Some(r#"{"order_id":42}"#.into()),
+            event_version: 2,
+            aggregate_seq: Some(7),
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            seq: 1,
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn follows_the_outbox_event_router_shape() {
+        let message = TopicTemplate::default().message(&record());
+        assert_eq!(message.topic, "outbox.event.Order");
+        assert_eq!(message.key, "42");
+        assert_eq!(message.payload.as_deref(), Some(r#"{"order_id":42}"#));
+        assert_eq!(
+            message.headers,
+            [
+                ("id", "0190a7e8-0000-7000-8000-000000000001".to_owned()),
+                ("eventType", "OrderPlaced".to_owned()),
+                ("eventVersion", "2".to_owned()),
+                ("aggregateSequence", "7".to_owned()),
+                (
+                    "traceparent",
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn optional_headers_are_left_out() {
+        let mut plain = record();
+        plain.aggregate_seq = None;
+        plain.traceparent = None;
+        let message = TopicTemplate::new("{aggregatetype}-events").message(&plain);
+        assert_eq!(message.topic, "Order-events");
+        let names: Vec<_> = message.headers.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names, ["id", "eventType", "eventVersion"]);
+    }
+}

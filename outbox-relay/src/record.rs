@@ -1,0 +1,26 @@
+//! [`OutboxRecord`]: a pending outbox row claimed by the relay.
+
+/// One claimed outbox row, as every source reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRecord {
+    /// `id`: the event id.
+    pub id: String,
+    /// `aggregatetype`.
+    pub aggregate_type: String,
+    /// `aggregateid`: the Kafka key.
+    pub aggregate_id: String,
+    /// `type`: the `eventType` header.
+    pub event_type: String,
+    /// `payload` as stored; `None` becomes a tombstone (null value).
+    pub payload: Option<String>,
+    /// `event_version`.
+    pub event_version: i32,
+    /// `aggregate_seq`, when the row was written through `outbox-core`.
+    pub aggregate_seq: Option<i64>,
+    /// `traceparent`, when one was attached.
+    pub traceparent: Option<String>,
+    /// `seq`: insertion order.
+    pub seq: i64,
+    /// Failed publish attempts so far.
+    pub attempts: i32,
+}

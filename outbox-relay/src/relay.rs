@@ -1,0 +1,426 @@
+//! The publishing loop: claim a batch, send it, settle it, repeat.
+//!
+//! Rows are marked only after the sink acknowledged them, so a crash at any
+//! point causes duplicates at worst, never a loss. Per aggregate, rows are
+//! marked up to the first failure only: later ones stay pending and are sent
+//! again after it, so an aggregate's events are never published out of order
+//! by a retry.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::message::{Message, TopicTemplate};
+use crate::record::OutboxRecord;
+use crate::shutdown::Shutdown;
+use crate::sink::{FailureKind, SendError, Sink};
+
+use crate::source::{FailedRow, Settlement, Source, SourceError};
+
+/// How the relay runs.
+#[derive(Debug, Clone)]
+pub struct RelayOptions {
+    /// Rows claimed and sent at once.
+    pub batch_size: usize,
+    /// Longest wait for new rows between claims.
+    pub poll_interval: Duration,
+    /// Attempts before a message the broker refuses for good is dead-lettered.
+    pub max_attempts: i32,
+    /// Longest pause after failures (outage, refused messages).
+    pub max_backoff: Duration,
+    /// Exit once no row is pending, instead of waiting for more.
+    pub drain: bool,
+    /// Periodic deletion of published rows; `None` keeps them.
+    pub retention: Option<Retention>,
+    /// How long to wait for messages in flight at shutdown.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        Self {
+            batch_size: 500,
+            poll_interval: Duration::from_millis(500),
+            max_attempts: 10,
+            max_backoff: Duration::from_secs(30),
+            drain: false,
+            retention: Some(Retention::default()),
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Deletion of published rows older than a window.
+#[derive(Debug, Clone)]
+pub struct Retention {
+    /// Keep published rows this long.
+    pub keep_for: Duration,
+    /// Run the deletion this often.
+    pub interval: Duration,
+    /// Rows per `DELETE`, so no statement holds locks for long.
+    pub batch_size: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            keep_for: Duration::from_secs(7 * 24 * 3600),
+            interval: Duration::from_secs(600),
+            batch_size: 1000,
+        }
+    }
+}
+
+/// Counts of one run.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    /// Rows acknowledged and marked.
+    pub published: AtomicU64,
+    /// Failed sends (each failure of each attempt).
+    pub failed: AtomicU64,
+    /// Rows parked as dead letters.
+    pub dead_lettered: AtomicU64,
+}
+
+/// What one cycle did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BatchReport {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows marked published.
+    pub published: usize,
+    /// Rows whose send failed.
+    pub failed: usize,
+    /// Rows dead-lettered.
+    pub dead_lettered: usize,
+}
+
+/// Publishes committed outbox rows from a source to a sink.
+pub struct Relay {
+    source: Arc<dyn Source>,
+    sink: Arc<dyn Sink>,
+    topics: TopicTemplate,
+    options: RelayOptions,
+    stats: Arc<RelayStats>,
+}
+
+impl Relay {
+    /// A relay from `source` to `sink`.
+    pub fn new(
+        source: Arc<dyn Source>,
+        sink: Arc<dyn Sink>,
+        topics: TopicTemplate,
+        options: RelayOptions,
+    ) -> Self {
+        Self {
+            source,
+            sink,
+            topics,
+            options,
+            stats: Arc::default(),
+        }
+    }
+
+    /// The counters of this relay.
+    pub fn stats(&self) -> Arc<RelayStats> {
+        self.stats.clone()
+    }
+
+    /// Publishes until `shutdown` is requested (or, with `drain`, until no
+    /// row is pending), then flushes the sink.
+    pub async fn run(&self, shutdown: Shutdown) {
+        let cleanup = self.options.retention.clone().map(|retention| {
+            tokio::spawn(run_retention(
+                self.source.clone(),
+                retention,
+                shutdown.clone(),
+            ))
+        });
+        let mut backoff = Backoff::new(Duration::from_millis(100), self.options.max_backoff);
+        while !shutdown.is_requested() {
+            let pause = match self.publish_batch().await {
+                Ok(report) if report.claimed == 0 => {
+                    if self.options.drain {
+                        break;
+                    }
+                    backoff.reset();
+                    None
+                }
+                Ok(report) if report.failed > 0 => Some(backoff.next()),
+                Ok(report) => {
+                    backoff.reset();
+                    if report.claimed == self.options.batch_size {
+                        continue;
+                    }
+                    if self.options.drain {
+                        continue;
+                    }
+                    None
+                }
+                Err(error) => {
+                    let pause = backoff.next();
+                    tracing::error!(%error, retry_in = ?pause, "cannot claim or mark outbox rows");
+                    Some(pause)
+                }
+            };
+            tokio::select! {
+                () = shutdown.requested() => {}
+                () = async {
+                    match pause {
+                        Some(pause) => tokio::time::sleep(pause).await,
+                        None => self.source.wait_for_rows(self.options.poll_interval).await,
+                    }
+                } => {}
+            }
+        }
+        self.sink.flush(self.options.shutdown_timeout).await;
+        if let Some(cleanup) = cleanup {
+            cleanup.abort();
+        }
+        tracing::info!(
+            published = self.stats.published.load(Ordering::Relaxed),
+            failed = self.stats.failed.load(Ordering::Relaxed),
+            dead_lettered = self.stats.dead_lettered.load(Ordering::Relaxed),
+            "relay stopped"
+        );
+    }
+
+    /// One cycle: claims a batch, publishes it and settles it.
+    pub async fn publish_batch(&self) -> Result<BatchReport, SourceError> {
+        let claim = self.source.claim(self.options.batch_size).await?;
+        let records = claim.records();
+        if records.is_empty() {
+            claim.settle(&Settlement::default()).await?;
+            return Ok(BatchReport::default());
+        }
+        let messages: Vec<Message> = records
+            .iter()
+            .map(|record| self.topics.message(record))
+            .collect();
+        let outcomes = self.sink.publish(&messages).await;
+        let settlement = settle(records, &outcomes, self.options.max_attempts);
+        let report = BatchReport {
+            claimed: records.len(),
+            published: settlement.published.len(),
+            failed: settlement.failed.len(),
+            dead_lettered: settlement
+                .failed
+                .iter()
+                .filter(|row| row.dead_letter)
+                .count(),
+        };
+        if let Some(first) = settlement.failed.first() {
+            tracing::warn!(
+                failed = report.failed,
+                dead_lettered = report.dead_lettered,
+                held_back = report.claimed - report.published - report.failed,
+                first_error = %first.error,
+                "events not published; retrying with backoff"
+            );
+        }
+        claim.settle(&settlement).await?;
+        self.stats
+            .published
+            .fetch_add(report.published as u64, Ordering::Relaxed);
+        self.stats
+            .failed
+            .fetch_add(report.failed as u64, Ordering::Relaxed);
+        self.stats
+            .dead_lettered
+            .fetch_add(report.dead_lettered as u64, Ordering::Relaxed);
+        tracing::debug!(?report, "batch settled");
+        Ok(report)
+    }
+}
+
+/// Decides the fate of each claimed row from the sink's outcomes.
+///
+/// Per aggregate, rows are published up to the first failure; the failed
+/// row is charged an attempt (and dead-lettered when the broker refuses it
+/// for good and attempts are used up); the aggregate's later rows stay
+/// pending untouched, whatever their outcome, so they are re-sent after it.
+pub fn settle(
+    records: &[OutboxRecord],
+    outcomes: &[Result<(), SendError>],
+    max_attempts: i32,
+) -> Settlement {
+    let mut settlement = Settlement::default();
+    let mut stopped: HashSet<(&str, &str)> = HashSet::new();
+    for (record, outcome) in records.iter().zip(outcomes) {
+        let aggregate = (record.aggregate_type.as_str(), record.aggregate_id.as_str());
+        if stopped.contains(&aggregate) {
+            continue;
+        }
+        match outcome {
+            Ok(()) => settlement.published.push(record.id.clone()),
+            Err(error) => {
+                stopped.insert(aggregate);
+                if error.kind == FailureKind::HeldBack {
+                    continue;
+                }
+                let dead_letter =
+                    error.kind == FailureKind::Permanent && record.attempts + 1 >= max_attempts;
+                settlement.failed.push(FailedRow {
+                    id: record.id.clone(),
+                    error: error.reason.clone(),
+                    dead_letter,
+                });
+            }
+        }
+    }
+    settlement
+}
+
+/// Deletes old published rows every `retention.interval`.
+async fn run_retention(source: Arc<dyn Source>, retention: Retention, shutdown: Shutdown) {
+    loop {
+        tokio::select! {
+            () = shutdown.requested() => return,
+            () = tokio::time::sleep(retention.interval) => {}
+        }
+        match delete_published(source.as_ref(), &retention, &shutdown).await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::info!(deleted, "deleted published rows past retention"),
+            Err(error) => {
+                tracing::warn!(%error, "retention cleanup failed; retrying next interval")
+            }
+        }
+    }
+}
+
+/// Deletes published rows older than the window in batches; returns how many.
+pub async fn delete_published(
+    source: &dyn Source,
+    retention: &Retention,
+    shutdown: &Shutdown,
+) -> Result<u64, SourceError> {
+    let mut total = 0;
+    loop {
+        let deleted = source
+            .delete_published(retention.keep_for, retention.batch_size)
+            .await?;
+        total += deleted;
+        if deleted < retention.batch_size || shutdown.is_requested() {
+            return Ok(total);
+        }
+    }
+}
+
+/// Exponential backoff with a cap.
+struct Backoff {
+    initial: Duration,
+    max: Duration,
+    current: Duration,
+}
+
+impl Backoff {
+    fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            current: initial,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        let pause = self.current;
+        self.current = (self.current * 2).min(self.max);
+        pause
+    }
+
+    fn reset(&mut self) {
+        self.current = self.initial;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, aggregate: &str, attempts: i32) -> OutboxRecord {
+        OutboxRecord {
+            id: id.into(),
+            aggregate_type: "Order".into(),
+            aggregate_id: aggregate.into(),
+            event_type: "E".into(),
+            payload: Some("{}".into()),
+            event_version: 1,
+            aggregate_seq: None,
+            traceparent: None,
+            seq: 0,
+            attempts,
+        }
+    }
+
+    #[test]
+    fn an_aggregate_stops_at_its_first_failure() {
+        let records = [
+            record("a1", "a", 0),
+            record("b1", "b", 0),
+            record("a2", "a", 0),
+            record("b2", "b", 0),
+            record("a3", "a", 0),
+        ];
+        let outcomes = [
+            Ok(()),
+            Err(SendError::transient("down")),
+            Ok(()),
+            Ok(()), // acknowledged, but b1 failed: must be sent again after it
+            Ok(()),
+        ];
+        let settlement = settle(&records, &outcomes, 3);
+        assert_eq!(settlement.published, ["a1", "a2", "a3"]);
+        assert_eq!(
+            settlement.failed,
+            [FailedRow {
+                id: "b1".into(),
+                error: "down".into(),
+                dead_letter: false
+            }]
+        );
+    }
+
+    #[test]
+    fn held_back_rows_are_not_charged() {
+        let records = [record("a1", "a", 0), record("a2", "a", 0)];
+        let outcomes = [Err(SendError::held_back()), Err(SendError::held_back())];
+        assert!(settle(&records, &outcomes, 3).is_empty());
+    }
+
+    #[test]
+    fn only_permanent_failures_are_dead_lettered_at_the_limit() {
+        let records = [
+            record("a1", "a", 2),
+            record("b1", "b", 2),
+            record("c1", "c", 0),
+        ];
+        let outcomes = [
+            Err(SendError::permanent("too large")),
+            Err(SendError::transient("down")),
+            Err(SendError::permanent("too large")),
+        ];
+        let dead: Vec<_> = settle(&records, &outcomes, 3)
+            .failed
+            .iter()
+            .map(|row| (row.id.clone(), row.dead_letter))
+            .collect();
+        assert_eq!(
+            dead,
+            [
+                ("a1".into(), true),
+                ("b1".into(), false),
+                ("c1".into(), false)
+            ]
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
+        let pauses: Vec<_> = (0..4).map(|_| backoff.next().as_millis()).collect();
+        assert_eq!(pauses, [100, 200, 350, 350]);
+        backoff.reset();
+        assert_eq!(backoff.next().as_millis(), 100);
+    }
+}

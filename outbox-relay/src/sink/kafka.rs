@@ -1,0 +1,375 @@
+//! Publishes to a Kafka-API broker through librdkafka: an idempotent
+//! producer with `acks=all`, so an acknowledged message is on every in-sync
+//! replica and retries inside the producer neither duplicate nor reorder it.
+//!
+//! A batch is enqueued at once and its delivery reports awaited together.
+//! Topics are looked up (and, unless turned off, created through the admin
+//! API) the first time a batch needs them, and again after a failed delivery.
+//!
+//! The producer is replaced by a fresh one after a fatal librdkafka error or
+//! [`RESET_AFTER_FAILED_BATCHES`] batches in a row with failed deliveries:
+//! a broker that lost its state (a restarted in-memory broker, a rebuilt
+//! cluster) may never accept the old producer id again. Nothing is in flight
+//! when that happens, since every delivery of a batch is awaited first.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::join_all;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+use super::{SendError, Sink};
+use crate::message::Message;
+
+/// Settings of the Kafka sink.
+#[derive(Debug, Clone)]
+pub struct KafkaOptions {
+    /// `bootstrap.servers`: comma-separated `host:port` list.
+    pub brokers: String,
+    /// Create a missing topic through the admin API; otherwise its rows stay
+    /// pending and the relay says which topic to create.
+    pub create_topics: bool,
+    /// Partitions of a created topic.
+    pub topic_partitions: i32,
+    /// Replication factor of a created topic.
+    pub topic_replication_factor: i32,
+    /// How long the producer keeps retrying one message before failing it.
+    pub message_timeout: Duration,
+    /// Further librdkafka settings (`security.protocol`, `sasl.*`,
+    /// `compression.type`, ...), applied last.
+    pub client_options: Vec<(String, String)>,
+}
+
+impl Default for KafkaOptions {
+    fn default() -> Self {
+        Self {
+            brokers: "127.0.0.1:9092".into(),
+            create_topics: true,
+            topic_partitions: 1,
+            topic_replication_factor: 1,
+            message_timeout: Duration::from_secs(30),
+            client_options: Vec::new(),
+        }
+    }
+}
+
+/// A failure to set up the Kafka sink.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaSetupError {
+    /// librdkafka refused the configuration.
+    #[error("invalid Kafka configuration: {0}")]
+    Config(KafkaError),
+    /// No broker answered.
+    #[error("cannot reach the Kafka brokers at {brokers}: {source}")]
+    Unreachable {
+        /// The bootstrap servers.
+        brokers: String,
+        /// librdkafka's error.
+        #[source]
+        source: KafkaError,
+    },
+}
+
+/// Consecutive batches with failed deliveries before the producer is replaced.
+pub const RESET_AFTER_FAILED_BATCHES: u32 = 3;
+
+/// Publishes messages to Kafka.
+pub struct KafkaSink {
+    config: ClientConfig,
+    producer: RwLock<FutureProducer>,
+    failed_batches: AtomicU32,
+    admin: AdminClient<DefaultClientContext>,
+    options: KafkaOptions,
+    known_topics: Mutex<HashSet<String>>,
+}
+
+impl KafkaSink {
+    /// Creates the producer and checks that a broker answers.
+    pub async fn connect(options: KafkaOptions) -> Result<Self, KafkaSetupError> {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &options.brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "2")
+            .set(
+                "message.timeout.ms",
+                options.message_timeout.as_millis().to_string(),
+            )
+            .set("client.id", "outbox-relay");
+        for (key, value) in &options.client_options {
+            config.set(key, value);
+        }
+        let producer: FutureProducer = config.create().map_err(KafkaSetupError::Config)?;
+        let admin: AdminClient<DefaultClientContext> =
+            config.create().map_err(KafkaSetupError::Config)?;
+
+        let probe = producer.clone();
+        tokio::task::spawn_blocking(move || {
+            probe
+                .client()
+                .fetch_metadata(None, Duration::from_secs(10))
+                .map(|_| ())
+        })
+        .await
+        .expect("metadata probe does not panic")
+        .map_err(|source| KafkaSetupError::Unreachable {
+            brokers: options.brokers.clone(),
+            source,
+        })?;
+
+        Ok(Self {
+            config,
+            producer: RwLock::new(producer),
+            failed_batches: AtomicU32::new(0),
+            admin,
+            options,
+            known_topics: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// The current producer.
+    fn producer(&self) -> FutureProducer {
+        self.producer.read().expect("producer lock").clone()
+    }
+
+    /// Counts a batch's delivery failures and replaces the producer when it
+    /// is broken or keeps failing.
+    fn after_batch(&self, producer: &FutureProducer, deliveries_failed: bool) {
+        let fatal = producer.client().fatal_error();
+        let failed_batches = if deliveries_failed {
+            self.failed_batches.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.failed_batches.store(0, Ordering::Relaxed);
+            0
+        };
+        if fatal.is_none() && failed_batches < RESET_AFTER_FAILED_BATCHES {
+            return;
+        }
+        match self.config.create::<FutureProducer>() {
+            Ok(fresh) => {
+                tracing::warn!(
+                    fatal_error = ?fatal,
+                    failed_batches,
+                    "replaced the Kafka producer after repeated delivery failures"
+                );
+                *self.producer.write().expect("producer lock") = fresh;
+                self.failed_batches.store(0, Ordering::Relaxed);
+            }
+            Err(error) => tracing::error!(%error, "cannot create a new Kafka producer"),
+        }
+    }
+
+    /// Makes sure each topic exists; returns the error of those that do not.
+    async fn ensure_topics<'a>(&self, topics: HashSet<&'a str>) -> HashMap<&'a str, SendError> {
+        let unknown: Vec<&str> = {
+            let known = self.known_topics.lock().expect("topic set lock");
+            topics
+                .into_iter()
+                .filter(|topic| !known.contains(*topic))
+                .collect()
+        };
+        let mut missing = HashMap::new();
+        for topic in unknown {
+            let result = if self.options.create_topics {
+                self.create_topic(topic).await
+            } else {
+                self.topic_exists(topic).await
+            };
+            match result {
+                Ok(()) => {
+                    self.known_topics
+                        .lock()
+                        .expect("topic set lock")
+                        .insert(topic.to_owned());
+                }
+                Err(error) => {
+                    tracing::warn!(topic, %error, "topic is not available; its events stay pending");
+                    missing.insert(topic, error);
+                }
+            }
+        }
+        missing
+    }
+
+    async fn create_topic(&self, topic: &str) -> Result<(), SendError> {
+        let new_topic = NewTopic::new(
+            topic,
+            self.options.topic_partitions,
+            TopicReplication::Fixed(self.options.topic_replication_factor),
+        );
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let results = self
+            .admin
+            .create_topics([&new_topic], &options)
+            .await
+            .map_err(|error| {
+                SendError::transient(format!("cannot create topic {topic}: {error}"))
+            })?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, RDKafkaErrorCode::InvalidTopic)) => {
+                    return Err(SendError::permanent(format!(
+                        "invalid topic name {topic:?}"
+                    )));
+                }
+                Err((_, code)) => {
+                    return Err(SendError::transient(format!(
+                        "cannot create topic {topic}: {code}"
+                    )));
+                }
+            }
+        }
+        tracing::info!(topic, "created topic");
+        Ok(())
+    }
+
+    async fn topic_exists(&self, topic: &str) -> Result<(), SendError> {
+        let producer = self.producer();
+        let name = topic.to_owned();
+        let metadata = tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(Some(&name), Duration::from_secs(10))
+        })
+        .await
+        .expect("metadata lookup does not panic")
+        .map_err(|error| SendError::transient(format!("cannot look up topic {topic}: {error}")))?;
+        let exists = metadata
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
+        if exists {
+            Ok(())
+        } else {
+            Err(SendError::transient(format!(
+                "topic {topic} does not exist and topic creation is off; \
+                 create it or run with --create-topics"
+            )))
+        }
+    }
+
+    /// Hands one message to the producer, waiting while its queue is full.
+    async fn enqueue(
+        producer: &FutureProducer,
+        message: &Message,
+    ) -> Result<rdkafka::producer::DeliveryFuture, SendError> {
+        let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());
+        for (name, value) in &message.headers {
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value.as_bytes()),
+            });
+        }
+        let mut record = FutureRecord::to(&message.topic)
+            .key(message.key.as_bytes())
+            .headers(headers);
+        if let Some(payload) = &message.payload {
+            record = record.payload(payload.as_bytes());
+        }
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => return Ok(delivery),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                    record = returned;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((error, _)) => return Err(classify(&message.topic, error)),
+            }
+        }
+    }
+
+    fn forget_topic(&self, topic: &str) {
+        self.known_topics
+            .lock()
+            .expect("topic set lock")
+            .remove(topic);
+    }
+}
+
+#[async_trait]
+impl Sink for KafkaSink {
+    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+        let topics = messages
+            .iter()
+            .map(|message| message.topic.as_str())
+            .collect();
+        let missing = self.ensure_topics(topics).await;
+        let producer = self.producer();
+
+        let mut outcomes: Vec<Option<Result<(), SendError>>> = vec![None; messages.len()];
+        let mut deliveries = Vec::with_capacity(messages.len());
+        let mut failed_keys: HashSet<(&str, &str)> = HashSet::new();
+        for (index, message) in messages.iter().enumerate() {
+            let key = (message.topic.as_str(), message.key.as_str());
+            if failed_keys.contains(&key) {
+                outcomes[index] = Some(Err(SendError::held_back()));
+                continue;
+            }
+            let enqueued = match missing.get(message.topic.as_str()) {
+                Some(error) => Err(error.clone()),
+                None => Self::enqueue(&producer, message).await,
+            };
+            match enqueued {
+                Ok(delivery) => deliveries.push(async move { (index, delivery.await) }),
+                Err(error) => {
+                    failed_keys.insert(key);
+                    outcomes[index] = Some(Err(error));
+                }
+            }
+        }
+
+        let mut deliveries_failed = false;
+        for (index, delivery) in join_all(deliveries).await {
+            let topic = &messages[index].topic;
+            outcomes[index] = Some(match delivery {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err((error, _))) => {
+                    // The broker may have lost the topic (restarted, new
+                    // cluster): make sure it exists before the next batch.
+                    self.forget_topic(topic);
+                    deliveries_failed = true;
+                    Err(classify(topic, error))
+                }
+                Err(_canceled) => Err(SendError::transient("the producer shut down")),
+            });
+        }
+        self.after_batch(&producer, deliveries_failed);
+        outcomes
+            .into_iter()
+            .map(|outcome| outcome.expect("every message has an outcome"))
+            .collect()
+    }
+
+    async fn flush(&self, timeout: Duration) {
+        let producer = self.producer();
+        let flushed = tokio::task::spawn_blocking(move || producer.flush(timeout)).await;
+        if let Ok(Err(error)) = flushed {
+            tracing::warn!(%error, "messages were still in flight at shutdown; they stay pending");
+        }
+    }
+}
+
+/// Whether the broker will ever take the message.
+fn classify(topic: &str, error: KafkaError) -> SendError {
+    let reason = format!("publishing to {topic} failed: {error}");
+    match error.rdkafka_error_code() {
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::InvalidTopic
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::InvalidMessage,
+        ) => SendError::permanent(reason),
+        _ => SendError::transient(reason),
+    }
+}

@@ -1,0 +1,77 @@
+//! Sinks: where messages go. [`kafka`] publishes to a Kafka-API broker,
+//! [`stdout`] prints JSON lines.
+//!
+//! A sink receives a whole batch, sends it concurrently and answers once per
+//! message after every acknowledgement is in. Messages with the same topic
+//! and key are sent in the order given; once one of them fails to be handed
+//! to the broker, the later ones are held back, so an aggregate's events
+//! never overtake each other.
+
+pub mod kafka;
+pub mod stdout;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::message::Message;
+
+/// A destination for messages.
+#[async_trait]
+pub trait Sink: Send + Sync {
+    /// Publishes `messages` and returns one outcome per message, in order,
+    /// once each is acknowledged or has failed.
+    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>>;
+
+    /// Waits up to `timeout` for messages still in flight.
+    async fn flush(&self, timeout: Duration);
+}
+
+/// Why a message was not published.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct SendError {
+    /// What went wrong, for `last_error` and the logs.
+    pub reason: String,
+    /// Whether retrying can help.
+    pub kind: FailureKind,
+}
+
+/// How a failed message is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The broker or network may recover (outage, timeout, missing topic):
+    /// retried without limit.
+    Transient,
+    /// The broker refuses this message for good (too large, invalid topic):
+    /// retried up to the attempt limit, then dead-lettered.
+    Permanent,
+    /// Not sent because an earlier message of the same key failed.
+    HeldBack,
+}
+
+impl SendError {
+    /// A failure retrying may cure.
+    pub fn transient(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            kind: FailureKind::Transient,
+        }
+    }
+
+    /// A failure retrying will not cure.
+    pub fn permanent(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            kind: FailureKind::Permanent,
+        }
+    }
+
+    /// Not sent, behind an earlier failure of the same key.
+    pub fn held_back() -> Self {
+        Self {
+            reason: "held back behind an earlier failed event of the same aggregate".into(),
+            kind: FailureKind::HeldBack,
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Prints each message as one JSON object per line on standard output:
+//! `{"topic":..,"key":..,"headers":{..},"payload":..}`, the payload embedded
+//! as JSON (null for a tombstone). Logs go to standard error, so the output
+//! can be piped.
+
+use std::io::Write;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::{SendError, Sink};
+use crate::message::Message;
+
+/// Writes messages to standard output.
+#[derive(Debug, Default)]
+pub struct StdoutSink;
+
+#[derive(Serialize)]
+struct Line<'a> {
+    topic: &'a str,
+    key: &'a str,
+    headers: serde_json::Map<String, serde_json::Value>,
+    payload: Option<&'a RawValue>,
+}
+
+/// The JSON line of a message. A payload that is not JSON fails for good.
+pub fn json_line(message: &Message) -> Result<String, SendError> {
+    let payload = match &message.payload {
+        Some(text) => Some(
+            serde_json::from_str::<&RawValue>(text)
+                .map_err(|error| SendError::permanent(format!("payload is not JSON: {error}")))?,
+        ),
+        None => None,
+    };
+    let headers = message
+        .headers
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), serde_json::Value::from(value.as_str())))
+        .collect();
+    let line = Line {
+        topic: &message.topic,
+        key: &message.key,
+        headers,
+        payload,
+    };
+    serde_json::to_string(&line).map_err(|error| SendError::permanent(error.to_string()))
+}
+
+#[async_trait]
+impl Sink for StdoutSink {
+    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+        let mut out = std::io::stdout().lock();
+        let outcomes = messages
+            .iter()
+            .map(|message| {
+                let line = json_line(message)?;
+                writeln!(out, "{line}").map_err(|error| {
+                    SendError::transient(format!("cannot write to stdout: {error}"))
+                })
+            })
+            .collect::<Vec<_>>();
+        if let Err(error) = out.flush() {
+            let failed = SendError::transient(format!("cannot write to stdout: {error}"));
+            return vec![Err(failed); messages.len()];
+        }
+        outcomes
+    }
+
+    async fn flush(&self, _timeout: Duration) {
+        let _ = std::io::stdout().flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_is_embedded_as_json() {
+        let message = Message {
+            topic: "outbox.event.Order".into(),
+            key: "42".into(),
+            headers: vec![("id", "e-1".into()), ("eventType", "OrderPlaced".into())],
+            payload: Some(r#"{"order_id": 42}"#.into()),
+        };
+        assert_eq!(
+            json_line(&message).unwrap(),
+            r#"{"topic":"outbox.event.Order","key":"42","headers":{"id":"e-1","eventType":"OrderPlaced"},"payload":{"order_id": 42}}"#
+        );
+    }
+
+    #[test]
+    fn tombstones_and_invalid_payloads() {
+        let mut message = Message {
+            topic: "t".into(),
+            key: "k".into(),
+            headers: vec![],
+            payload: None,
+        };
+        assert!(json_line(&message).unwrap().ends_with(r#""payload":null}"#));
+        message.payload = Some("not json".into());
+        let error = json_line(&message).unwrap_err();
+        assert_eq!(error.kind, super::super::FailureKind::Permanent);
+    }
+}

@@ -1,0 +1,166 @@
+//! SQLite, the embedded default: reads pending rows without holding a
+//! transaction (so the application's writers never wait on the broker),
+//! settles them in one short transaction, and polls for new rows. One relay
+//! per database file.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sqlx::{AssertSqlSafe, Row};
+
+use super::{Claim, Settlement, Source, SourceError, SourceOptions, Status, question_marks};
+use crate::record::OutboxRecord;
+
+/// SQLite's `now` in the format of the table's `created_at` default.
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+/// Rows per statement, far below SQLite's bind-parameter limit.
+const CHUNK: usize = 500;
+
+/// Pending rows of an SQLite database file.
+pub struct SqliteSource {
+    pool: SqlitePool,
+    options: SourceOptions,
+}
+
+impl SqliteSource {
+    /// Opens the database file; it must exist (`?mode=rwc` creates it).
+    pub async fn connect(url: &str, options: SourceOptions) -> Result<Self, sqlx::Error> {
+        let connect_options =
+            SqliteConnectOptions::from_str(url)?.busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(connect_options)
+            .await?;
+        Ok(Self { pool, options })
+    }
+}
+
+#[async_trait]
+impl Source for SqliteSource {
+    async fn check_table(&self) -> Result<(), SourceError> {
+        sqlx::query("SELECT 1 FROM outbox LIMIT 1")
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn claim(&self, limit: usize) -> Result<Box<dyn Claim>, SourceError> {
+        let rows = sqlx::query(
+            "SELECT id, aggregatetype, aggregateid, type, payload, event_version, \
+             aggregate_seq, traceparent, seq, attempts FROM outbox \
+             WHERE published_at IS NULL AND dead_lettered_at IS NULL ORDER BY seq LIMIT ?",
+        )
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        let records = rows
+            .iter()
+            .map(|row| {
+                Ok(OutboxRecord {
+                    id: row.try_get(0)?,
+                    aggregate_type: row.try_get(1)?,
+                    aggregate_id: row.try_get(2)?,
+                    event_type: row.try_get(3)?,
+                    payload: row.try_get(4)?,
+                    event_version: row.try_get(5)?,
+                    aggregate_seq: row.try_get(6)?,
+                    traceparent: row.try_get(7)?,
+                    seq: row.try_get(8)?,
+                    attempts: row.try_get(9)?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        Ok(Box::new(SqliteClaim {
+            pool: self.pool.clone(),
+            records,
+            options: self.options,
+        }))
+    }
+
+    async fn wait_for_rows(&self, timeout: Duration) {
+        tokio::time::sleep(timeout).await;
+    }
+
+    async fn delete_published(&self, older_than: Duration, limit: u64) -> Result<u64, SourceError> {
+        let deleted = sqlx::query(
+            "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox \
+             WHERE published_at IS NOT NULL \
+             AND published_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?) \
+             ORDER BY published_at LIMIT ?)",
+        )
+        .bind(format!("-{:.3} seconds", older_than.as_secs_f64()))
+        .bind(limit as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(deleted.rows_affected())
+    }
+
+    async fn status(&self) -> Result<Status, SourceError> {
+        let row = sqlx::query(
+            "SELECT \
+               COALESCE(SUM(published_at IS NULL AND dead_lettered_at IS NULL), 0), \
+               (julianday('now') - julianday(MIN(CASE WHEN published_at IS NULL \
+                 AND dead_lettered_at IS NULL THEN created_at END))) * 86400.0, \
+               COALESCE(SUM(dead_lettered_at IS NOT NULL), 0), \
+               COALESCE(SUM(published_at IS NOT NULL), 0) \
+             FROM outbox",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Status {
+            pending: row.try_get(0)?,
+            oldest_pending_age_seconds: row.try_get(1)?,
+            dead_letters: row.try_get(2)?,
+            published: row.try_get(3)?,
+        })
+    }
+}
+
+struct SqliteClaim {
+    pool: SqlitePool,
+    records: Vec<OutboxRecord>,
+    options: SourceOptions,
+}
+
+#[async_trait]
+impl Claim for SqliteClaim {
+    fn records(&self) -> &[OutboxRecord] {
+        &self.records
+    }
+
+    async fn settle(self: Box<Self>, settlement: &Settlement) -> Result<(), SourceError> {
+        if settlement.is_empty() {
+            return Ok(());
+        }
+        let mut txn = self.pool.begin().await?;
+        let action = if self.options.delete_on_publish {
+            "DELETE FROM outbox".to_owned()
+        } else {
+            format!("UPDATE outbox SET published_at = {NOW}")
+        };
+        for ids in settlement.published.chunks(CHUNK) {
+            let sql = format!("{action} WHERE id IN ({})", question_marks(ids.len()));
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for id in ids {
+                query = query.bind(id);
+            }
+            query.execute(&mut *txn).await?;
+        }
+        for failed in &settlement.failed {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE outbox SET attempts = attempts + 1, last_error = ?, \
+                 dead_lettered_at = CASE WHEN ? THEN {NOW} END WHERE id = ?"
+            )))
+            .bind(&failed.error)
+            .bind(failed.dead_letter)
+            .bind(&failed.id)
+            .execute(&mut *txn)
+            .await?;
+        }
+        txn.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,128 @@
+//! Runs the `outbox-relay` binary as a child process, as an operator would.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A running relay whose output is collected.
+pub struct RelayProcess {
+    child: Child,
+    stdout: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl RelayProcess {
+    /// Starts `binary` with `args` and extra environment variables.
+    pub fn spawn(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut command = Command::new(binary);
+        command
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("KAFKA_BROKERS")
+            .env("RUST_LOG", "info,sqlx=warn")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("start outbox-relay");
+        let stdout = collect_lines(child.stdout.take().expect("stdout"));
+        let stderr = collect_lines(child.stderr.take().expect("stderr"));
+        Self {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Lines written to standard output so far.
+    pub fn stdout(&self) -> Vec<String> {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    /// Lines written to standard error so far.
+    pub fn stderr(&self) -> Vec<String> {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// Sends SIGKILL: no chance to settle or flush.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends a signal by name (`TERM`, `INT`, `STOP`, `CONT`).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits for the process to exit; returns its exit code.
+    pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                // Let the reader threads drain the pipes.
+                std::thread::sleep(Duration::from_millis(50));
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "outbox-relay did not exit within {timeout:?}; stderr:\n{}",
+                    self.stderr().join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn collect_lines(stream: impl std::io::Read + Send + 'static) -> Arc<Mutex<Vec<String>>> {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    lines
+}
+
+/// Runs the binary to completion; returns exit code, stdout and stderr.
+pub fn run_to_end(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut command = Command::new(binary);
+    command
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("KAFKA_BROKERS")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("run outbox-relay");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
