@@ -49,7 +49,7 @@ async fn run(settings: RunSettings) -> anyhow::Result<()> {
         TopicTemplate::new(settings.topic_template),
         settings.relay,
     );
-    relay.run(shutdown).await;
+    relay.run(shutdown).await?;
     Ok(())
 }
 

@@ -83,8 +83,16 @@ pub struct RelayStats {
     pub dead_lettered: AtomicU64,
 }
 
+/// Why a run ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The sink can take no more messages; unpublished rows stay pending.
+    #[error("the sink was closed ({0}); unpublished events stay pending")]
+    SinkClosed(String),
+}
+
 /// What one cycle did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct BatchReport {
     /// Rows claimed.
     pub claimed: usize,
@@ -94,6 +102,8 @@ pub struct BatchReport {
     pub failed: usize,
     /// Rows dead-lettered.
     pub dead_lettered: usize,
+    /// Set when the sink can take no more messages.
+    pub sink_closed: Option<String>,
 }
 
 /// Publishes committed outbox rows from a source to a sink.
@@ -128,8 +138,8 @@ impl Relay {
     }
 
     /// Publishes until `shutdown` is requested (or, with `drain`, until no
-    /// row is pending), then flushes the sink.
-    pub async fn run(&self, shutdown: Shutdown) {
+    /// row is pending), then flushes the sink. Fails when the sink closed.
+    pub async fn run(&self, shutdown: Shutdown) -> Result<(), RelayError> {
         let cleanup = self.options.retention.clone().map(|retention| {
             tokio::spawn(run_retention(
                 self.source.clone(),
@@ -138,8 +148,16 @@ impl Relay {
             ))
         });
         let mut backoff = Backoff::new(Duration::from_millis(100), self.options.max_backoff);
+        let mut outcome = Ok(());
         while !shutdown.is_requested() {
             let pause = match self.publish_batch().await {
+                Ok(BatchReport {
+                    sink_closed: Some(reason),
+                    ..
+                }) => {
+                    outcome = Err(RelayError::SinkClosed(reason));
+                    break;
+                }
                 Ok(report) if report.claimed == 0 => {
                     if self.options.drain {
                         break;
@@ -184,6 +202,7 @@ impl Relay {
             dead_lettered = self.stats.dead_lettered.load(Ordering::Relaxed),
             "relay stopped"
         );
+        outcome
     }
 
     /// One cycle: claims a batch, publishes it and settles it.
@@ -209,6 +228,10 @@ impl Relay {
                 .iter()
                 .filter(|row| row.dead_letter)
                 .count(),
+            sink_closed: outcomes.iter().find_map(|outcome| match outcome {
+                Err(error) if error.kind == FailureKind::Closed => Some(error.reason.clone()),
+                _ => None,
+            }),
         };
         if let Some(first) = settlement.failed.first() {
             tracing::warn!(
@@ -256,7 +279,7 @@ pub fn settle(
             Ok(()) => settlement.published.push(record.id.clone()),
             Err(error) => {
                 stopped.insert(aggregate);
-                if error.kind == FailureKind::HeldBack {
+                if matches!(error.kind, FailureKind::HeldBack | FailureKind::Closed) {
                     continue;
                 }
                 let dead_letter =

@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::join_all;
+use rdkafka::ClientContext;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 
 use super::{SendError, Sink};
 use crate::message::Message;
@@ -78,15 +78,42 @@ pub enum KafkaSetupError {
     },
 }
 
+/// Sends librdkafka's own log lines and connection errors to DEBUG: during a
+/// broker outage they repeat every second per connection, and the relay
+/// already reports each failed batch with its cause. Fatal errors stay ERROR.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RelayClientContext;
+
+impl ClientContext for RelayClientContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical => {
+                tracing::error!(target: "librdkafka", facility, message)
+            }
+            _ => tracing::debug!(target: "librdkafka", facility, message),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+            tracing::error!(target: "librdkafka", %error, reason, "fatal Kafka client error");
+        } else {
+            tracing::debug!(target: "librdkafka", %error, reason, "Kafka client error");
+        }
+    }
+}
+
+type Producer = FutureProducer<RelayClientContext>;
+
 /// Consecutive batches with failed deliveries before the producer is replaced.
 pub const RESET_AFTER_FAILED_BATCHES: u32 = 3;
 
 /// Publishes messages to Kafka.
 pub struct KafkaSink {
     config: ClientConfig,
-    producer: RwLock<FutureProducer>,
+    producer: RwLock<Producer>,
     failed_batches: AtomicU32,
-    admin: AdminClient<DefaultClientContext>,
+    admin: AdminClient<RelayClientContext>,
     options: KafkaOptions,
     known_topics: Mutex<HashSet<String>>,
 }
@@ -108,9 +135,12 @@ impl KafkaSink {
         for (key, value) in &options.client_options {
             config.set(key, value);
         }
-        let producer: FutureProducer = config.create().map_err(KafkaSetupError::Config)?;
-        let admin: AdminClient<DefaultClientContext> =
-            config.create().map_err(KafkaSetupError::Config)?;
+        let producer: Producer = config
+            .create_with_context(RelayClientContext)
+            .map_err(KafkaSetupError::Config)?;
+        let admin: AdminClient<RelayClientContext> = config
+            .create_with_context(RelayClientContext)
+            .map_err(KafkaSetupError::Config)?;
 
         let probe = producer.clone();
         tokio::task::spawn_blocking(move || {
@@ -137,13 +167,13 @@ impl KafkaSink {
     }
 
     /// The current producer.
-    fn producer(&self) -> FutureProducer {
+    fn producer(&self) -> Producer {
         self.producer.read().expect("producer lock").clone()
     }
 
     /// Counts a batch's delivery failures and replaces the producer when it
     /// is broken or keeps failing.
-    fn after_batch(&self, producer: &FutureProducer, deliveries_failed: bool) {
+    fn after_batch(&self, producer: &Producer, deliveries_failed: bool) {
         let fatal = producer.client().fatal_error();
         let failed_batches = if deliveries_failed {
             self.failed_batches.fetch_add(1, Ordering::Relaxed) + 1
@@ -154,7 +184,10 @@ impl KafkaSink {
         if fatal.is_none() && failed_batches < RESET_AFTER_FAILED_BATCHES {
             return;
         }
-        match self.config.create::<FutureProducer>() {
+        match self
+            .config
+            .create_with_context::<_, Producer>(RelayClientContext)
+        {
             Ok(fresh) => {
                 tracing::warn!(
                     fatal_error = ?fatal,
@@ -260,7 +293,7 @@ impl KafkaSink {
 
     /// Hands one message to the producer, waiting while its queue is full.
     async fn enqueue(
-        producer: &FutureProducer,
+        producer: &Producer,
         message: &Message,
     ) -> Result<rdkafka::producer::DeliveryFuture, SendError> {
         let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());

@@ -48,6 +48,9 @@ pub enum FailureKind {
     Permanent,
     /// Not sent because an earlier message of the same key failed.
     HeldBack,
+    /// The sink can take no more messages (its output was closed): the
+    /// relay stops with an error, leaving the rows pending.
+    Closed,
 }
 
 impl SendError {
@@ -64,6 +67,14 @@ impl SendError {
         Self {
             reason: reason.into(),
             kind: FailureKind::Permanent,
+        }
+    }
+
+    /// The sink's output is gone for good.
+    pub fn closed(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            kind: FailureKind::Closed,
         }
     }
 

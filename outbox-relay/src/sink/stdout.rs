@@ -21,8 +21,22 @@ pub struct StdoutSink;
 struct Line<'a> {
     topic: &'a str,
     key: &'a str,
-    headers: serde_json::Map<String, serde_json::Value>,
+    headers: Headers<'a>,
     payload: Option<&'a RawValue>,
+}
+
+/// Headers as a JSON object, in the message's order.
+struct Headers<'a>(&'a [(&'static str, String)]);
+
+impl Serialize for Headers<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (name, value) in self.0 {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
 }
 
 /// The JSON line of a message. A payload that is not JSON fails for good.
@@ -34,18 +48,23 @@ pub fn json_line(message: &Message) -> Result<String, SendError> {
         ),
         None => None,
     };
-    let headers = message
-        .headers
-        .iter()
-        .map(|(name, value)| ((*name).to_owned(), serde_json::Value::from(value.as_str())))
-        .collect();
     let line = Line {
         topic: &message.topic,
         key: &message.key,
-        headers,
+        headers: Headers(&message.headers),
         payload,
     };
     serde_json::to_string(&line).map_err(|error| SendError::permanent(error.to_string()))
+}
+
+/// A closed stdout (the reader went away) ends the run; anything else may pass.
+fn write_error(error: &std::io::Error) -> SendError {
+    let reason = format!("cannot write to stdout: {error}");
+    if error.kind() == std::io::ErrorKind::BrokenPipe {
+        SendError::closed(reason)
+    } else {
+        SendError::transient(reason)
+    }
 }
 
 #[async_trait]
@@ -56,14 +75,11 @@ impl Sink for StdoutSink {
             .iter()
             .map(|message| {
                 let line = json_line(message)?;
-                writeln!(out, "{line}").map_err(|error| {
-                    SendError::transient(format!("cannot write to stdout: {error}"))
-                })
+                writeln!(out, "{line}").map_err(|error| write_error(&error))
             })
             .collect::<Vec<_>>();
         if let Err(error) = out.flush() {
-            let failed = SendError::transient(format!("cannot write to stdout: {error}"));
-            return vec![Err(failed); messages.len()];
+            return vec![Err(write_error(&error)); messages.len()];
         }
         outcomes
     }
