@@ -69,6 +69,59 @@ impl EventSchema {
     }
 }
 
+/// A type nested in an event payload (a struct or enum used as a field's
+/// type, or inside `Vec`, `Option`, maps, ...), whose shape the schema lock
+/// records with the event.
+///
+/// Implement it with `#[derive(EventPayload)]`. An event that matches its
+/// entry in `outbox.lock` compares each nested type's [`SHAPE`] with the
+/// recorded one while it compiles, so a non-additive change inside `Money`
+/// fails the build of every event version that recorded the old `Money`.
+///
+/// Well-known types need no implementation: the std leaves and containers
+/// (`String`, integers, `bool`, `Vec`, `Option`, `HashMap`, `Box`, ...) and
+/// `chrono`, `time`, `uuid`, `rust_decimal`, `serde_json::Value`, `url`
+/// types are compared by name. A type from another crate that is neither can
+/// be compared by name with `#[domain_event(opaque)]` on the field.
+///
+/// ```
+/// use outbox_core::{EventPayload, shape::Kind};
+/// use serde::Serialize;
+///
+/// #[derive(EventPayload, Serialize)]
+/// struct Money {
+///     cents: i64,
+///     currency: String,
+/// }
+///
+/// #[derive(EventPayload, Serialize)]
+/// #[serde(tag = "type", rename_all = "snake_case")]
+/// enum Payment {
+///     Card { last4: String },
+///     BankTransfer,
+/// }
+///
+/// assert_eq!(Money::SHAPE.kind, Kind::Struct);
+/// assert_eq!(Money::SHAPE.fields[1].name, "currency");
+/// assert_eq!(Payment::SHAPE.repr, "internal(type)");
+/// assert_eq!(Payment::SHAPE.variants[1].name, "bank_transfer");
+/// ```
+///
+/// [`SHAPE`]: EventPayload::SHAPE
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is nested in an event payload but does not describe its shape",
+    label = "`{Self}` does not implement `EventPayload`",
+    note = "add `#[derive(EventPayload)]` to `{Self}`, so outbox.lock can record its shape and \
+            the build can check it; for a type from another crate, put \
+            `#[domain_event(opaque)]` on the field to compare it by name only"
+)]
+pub trait EventPayload {
+    /// The type's shape as serde writes it: fields (or variants) with their
+    /// serialized names and normalized types, and the shapes of the payload
+    /// types they contain.
+    const SHAPE: &'static crate::shape::TypeShape<'static>;
+}
+
 /// One serialized field of an event payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FieldSchema {

@@ -5,7 +5,9 @@
 //! roll back together; the `outbox-relay` binary then publishes committed
 //! rows to Kafka in the message shape of Debezium's Outbox Event Router.
 //!
-//! - [`DomainEvent`] (with `#[derive(DomainEvent)]`) describes a versioned event.
+//! - [`DomainEvent`] (with `#[derive(DomainEvent)]`) describes a versioned
+//!   event, checked at compile time against the crate's `outbox.lock`;
+//!   [`EventPayload`] describes the types nested in its payload.
 //! - [`ActiveModelOutboxExt`] saves an ActiveModel and appends its events in one call.
 //! - [`EmitEvents`] with [`active_model_behavior!`] appends the events that
 //!   follow from a saved row from SeaORM's hooks.
@@ -27,7 +29,7 @@ mod outbox_event;
 pub use active_model::ActiveModelOutboxExt;
 pub use append::{AppendedEvent, OUTBOX_TABLE, SEQUENCE_TABLE, append};
 pub use error::OutboxError;
-pub use event::{DomainEvent, EventSchema, FieldSchema};
+pub use event::{DomainEvent, EventPayload, EventSchema, FieldSchema};
 pub use hooks::{Change, EmitEvents};
 pub use outbox_event::OutboxEvent;
 
@@ -36,13 +38,30 @@ pub use outbox_event::OutboxEvent;
 /// Attributes, in `#[domain_event(..)]`: `aggregate = "Order"` (required),
 /// `version = 1` (required, at least 1), `name = "OrderPlaced"` (optional,
 /// defaults to the struct name). Serde's `rename`, `rename_all`, `default`,
-/// `skip` and `flatten` are read for the schema description.
+/// `skip` and `flatten` are read for the schema description. On a field,
+/// `#[domain_event(opaque)]` compares a type from another crate by name.
+///
+/// Every event is checked against `outbox.lock` at the crate root (see the
+/// README's "Event schemas" section): a payload change that old readers
+/// cannot handle fails the build until the version is bumped and recorded
+/// with `cargo outbox lock`. Events in doctests are not checked.
 pub use outbox_derive::DomainEvent;
+
+/// Derives [`EventPayload`] for a struct or enum nested in event payloads.
+pub use outbox_derive::EventPayload;
+
+/// Payload shapes and the rules of compatible change, as constants; the
+/// code `#[derive(DomainEvent)]` and `#[derive(EventPayload)]` generate uses
+/// them.
+pub mod shape {
+    pub use outbox_schema::shape::*;
+}
 
 /// The imports a module saving aggregates with events needs.
 pub mod prelude {
     pub use crate::{
-        ActiveModelOutboxExt, Change, DomainEvent, EmitEvents, OutboxError, OutboxEvent,
+        ActiveModelOutboxExt, Change, DomainEvent, EmitEvents, EventPayload, OutboxError,
+        OutboxEvent,
     };
 }
 

@@ -1,14 +1,30 @@
-//! Generates the `DomainEvent` implementation from a checked [`Event`].
+//! Generates the `DomainEvent` implementation from a checked [`Event`],
+//! followed by its checks against the lock ([`crate::schema_lock`]).
 
+use outbox_schema::ctxt::Ctxt;
+use outbox_schema::model::Event;
+use outbox_schema::ty;
 use proc_macro2::TokenStream;
 use quote::quote;
-use syn::DeriveInput;
+use syn::visit_mut::VisitMut;
+use syn::{DeriveInput, Type};
 
-use crate::ast::Event;
-use crate::ctxt::Ctxt;
-use crate::ty;
+/// `ty` with every lifetime replaced by `'static`, so it can be named in a
+/// constant outside the struct's generics.
+pub fn with_static_lifetimes(ty: &Type) -> Type {
+    struct Static;
+    impl VisitMut for Static {
+        fn visit_lifetime_mut(&mut self, lifetime: &mut syn::Lifetime) {
+            lifetime.ident = syn::Ident::new("static", lifetime.ident.span());
+        }
+    }
+    let mut ty = ty.clone();
+    Static.visit_type_mut(&mut ty);
+    ty
+}
 
-/// The `impl outbox_core::DomainEvent` for `input`, or every error found.
+/// The `impl outbox_core::DomainEvent` for `input` and its lock checks
+/// (which may be compile errors), or every error in the input.
 pub fn derive_domain_event(input: &DeriveInput) -> Result<TokenStream, Vec<syn::Error>> {
     let cx = Ctxt::default();
     let event = Event::from_ast(&cx, input);
@@ -21,6 +37,7 @@ pub fn derive_domain_event(input: &DeriveInput) -> Result<TokenStream, Vec<syn::
         )]);
     };
 
+    let lock_checks = crate::schema_lock::check_event(&event);
     let ident = event.ident;
     let (impl_generics, ty_generics, where_clause) = event.generics.split_for_impl();
     let aggregate = &event.attrs.aggregate;
@@ -58,6 +75,7 @@ pub fn derive_domain_event(input: &DeriveInput) -> Result<TokenStream, Vec<syn::
                 fields: &[#(#fields),*],
             };
         }
+        #lock_checks
     })
 }
 
@@ -75,7 +93,14 @@ mod tests {
                 errors.iter().map(ToString::to_string).collect::<Vec<_>>()
             )
         });
-        syn::parse2(tokens).expect("the expansion is one impl block")
+        let file: syn::File = syn::parse2(tokens).expect("the expansion is items");
+        file.items
+            .into_iter()
+            .find_map(|item| match item {
+                syn::Item::Impl(item) => Some(item),
+                _ => None,
+            })
+            .expect("the expansion has an impl block")
     }
 
     fn errors(input: DeriveInput) -> Vec<String> {

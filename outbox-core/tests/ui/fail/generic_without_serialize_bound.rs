@@ -4,7 +4,7 @@ use serde::Serialize;
 // serde's impl only exists for `T: Serialize`, so the event needs the bound.
 #[derive(DomainEvent, Serialize)]
 #[domain_event(aggregate = "Order", version = 1)]
-struct OrderTagged<T> {
+struct OrderLabelled<T> {
     tag: T,
 }
 

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 #[derive(DomainEvent, Serialize)]
 #[domain_event(aggregate = "Order", version = 1)]
-struct OrderPlaced {
+struct OrderPrioritized {
     order_id: i64,
     coupon: Option<String>,
     gift_note: std::option::Option<String>,
@@ -32,15 +32,15 @@ struct OrderNoted {
 }
 
 fn main() {
-    let field = support::field::<OrderPlaced>;
+    let field = support::field::<OrderPrioritized>;
     assert!(!field("order_id").optional && !field("order_id").default);
     assert!(field("coupon").optional && !field("coupon").default);
     assert!(field("gift_note").optional);
     assert_eq!(field("gift_note").ty, "Option<String>");
     assert!(!field("priority").optional && field("priority").default);
     assert!(field("currency").default);
-    assert!(OrderPlaced::SCHEMA.fields.iter().all(|f| !f.flatten));
-    support::assert_schema_matches_serde(&OrderPlaced {
+    assert!(OrderPrioritized::SCHEMA.fields.iter().all(|f| !f.flatten));
+    support::assert_schema_matches_serde(&OrderPrioritized {
         order_id: 1,
         coupon: None,
         gift_note: Some("enjoy".into()),

@@ -10,7 +10,7 @@ use serde::Serialize;
 #[derive(DomainEvent, Serialize)]
 #[domain_event(aggregate = "Order", version = 1)]
 #[serde(rename_all = "camelCase")]
-struct OrderPlaced {
+struct OrderShipped {
     order_id: i64,
     total_cents: u64,
     #[serde(rename = "customer")]
@@ -32,22 +32,22 @@ struct OrderCancelled {
 
 fn main() {
     assert_eq!(
-        support::names::<OrderPlaced>(),
+        support::names::<OrderShipped>(),
         ["orderId", "totalCents", "customer", "shipTo", "giftNote"]
     );
     assert_eq!(
-        support::field::<OrderPlaced>("orderId").rust_name,
+        support::field::<OrderShipped>("orderId").rust_name,
         "order_id"
     );
     assert_eq!(
-        support::field::<OrderPlaced>("customer").rust_name,
+        support::field::<OrderShipped>("customer").rust_name,
         "customer_id"
     );
     assert_eq!(
-        support::field::<OrderPlaced>("shipTo").rust_name,
+        support::field::<OrderShipped>("shipTo").rust_name,
         "shipping_address"
     );
-    support::assert_schema_matches_serde(&OrderPlaced {
+    support::assert_schema_matches_serde(&OrderShipped {
         order_id: 1,
         total_cents: 2,
         customer_id: 3,

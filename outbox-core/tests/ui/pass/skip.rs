@@ -9,7 +9,7 @@ use serde::Serialize;
 
 #[derive(DomainEvent, Serialize)]
 #[domain_event(aggregate = "Order", version = 1)]
-struct OrderPlaced {
+struct OrderPacked {
     order_id: i64,
     #[serde(skip)]
     cache: Vec<u8>,
@@ -23,12 +23,12 @@ struct OrderPlaced {
 
 fn main() {
     assert_eq!(
-        support::names::<OrderPlaced>(),
+        support::names::<OrderPacked>(),
         ["order_id", "placed_by", "tags"]
     );
-    assert!(OrderPlaced::SCHEMA.field("cache").is_none());
-    assert!(OrderPlaced::SCHEMA.field("internal_note").is_none());
-    support::assert_schema_matches_serde(&OrderPlaced {
+    assert!(OrderPacked::SCHEMA.field("cache").is_none());
+    assert!(OrderPacked::SCHEMA.field("internal_note").is_none());
+    support::assert_schema_matches_serde(&OrderPacked {
         order_id: 1,
         cache: vec![1, 2, 3],
         internal_note: "secret".into(),

@@ -1,5 +1,7 @@
 //! Field types are normalized: paths reduced to their last segment,
 //! lifetimes dropped, so equal types read the same however they are spelled.
+//! A type of the crate nested in the payload (`Money`) derives
+//! `EventPayload`.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -10,7 +12,7 @@ use outbox_core::DomainEvent;
 use serde::Serialize;
 
 mod money {
-    #[derive(serde::Serialize)]
+    #[derive(outbox_core::EventPayload, serde::Serialize)]
     pub struct Money {
         pub cents: i64,
     }
@@ -18,7 +20,7 @@ mod money {
 
 #[derive(DomainEvent, Serialize)]
 #[domain_event(aggregate = "Order", version = 1)]
-struct OrderPlaced {
+struct OrderPriced {
     plain: String,
     qualified: std::string::String,
     absolute: ::std::string::String,
@@ -31,7 +33,7 @@ struct OrderPlaced {
 }
 
 fn main() {
-    let ty = |name| support::field::<OrderPlaced>(name).ty;
+    let ty = |name| support::field::<OrderPriced>(name).ty;
     assert_eq!(ty("plain"), "String");
     assert_eq!(ty("qualified"), "String");
     assert_eq!(ty("absolute"), "String");
@@ -41,7 +43,7 @@ fn main() {
     assert_eq!(ty("tuple"), "(i64, String)");
     assert_eq!(ty("array"), "[u8; 4]");
     assert_eq!(ty("boxed"), "Box<str>");
-    support::assert_schema_matches_serde(&OrderPlaced {
+    support::assert_schema_matches_serde(&OrderPriced {
         plain: String::new(),
         qualified: String::new(),
         absolute: String::new(),

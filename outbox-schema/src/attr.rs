@@ -1,7 +1,7 @@
 //! The derive's attributes, parsed into a typed model: our own
 //! `#[domain_event(..)]` and the serde attributes that shape the payload.
 
-use proc_macro2::Span;
+use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned;
@@ -15,6 +15,12 @@ pub struct EventAttrs {
     pub aggregate: String,
     pub version: u32,
     pub name: String,
+    /// Where `aggregate = ".."` is written, for errors about the aggregate.
+    pub aggregate_span: Span,
+    /// Where `version = N` is written, for errors about the version.
+    pub version_span: Span,
+    /// The first `#[domain_event(..)]`, for errors about the event as a whole.
+    pub attribute: TokenStream,
 }
 
 /// The example every message about the attribute as a whole shows.
@@ -33,8 +39,8 @@ enum Given<T> {
 struct RawEventAttrs<'a> {
     /// The first `#[domain_event]`, where a missing key belongs.
     first: Option<&'a Attribute>,
-    aggregate: Given<String>,
-    version: Given<u32>,
+    aggregate: Given<(String, Span)>,
+    version: Given<(u32, Span)>,
     name: Given<String>,
     /// A syntax error stopped reading an attribute, so a key that looks
     /// missing may only be unread.
@@ -91,10 +97,15 @@ impl EventAttrs {
             Given::Absent => Some(unraw(ident)),
             Given::Reported => None,
         };
+        let (aggregate, aggregate_span) = aggregate?;
+        let (version, version_span) = version?;
         Some(Self {
-            aggregate: aggregate?,
-            version: version?,
+            aggregate,
+            version,
             name: name?,
+            aggregate_span,
+            version_span,
+            attribute: first.to_token_stream(),
         })
     }
 }
@@ -137,11 +148,12 @@ impl<'a> RawEventAttrs<'a> {
                                 "aggregate",
                                 "name the aggregate this event belongs to",
                             )
+                            .map(|aggregate| (aggregate, expr.span()))
                         },
                     )
                 } else if meta.path.is_ident("version") {
                     read_key(cx, &meta, "version = 1", &mut raw.version, |expr| {
-                        version(cx, expr)
+                        version(cx, expr).map(|version| (version, expr.span()))
                     })
                 } else if meta.path.is_ident("name") {
                     read_key(cx, &meta, "name = \"OrderPlaced\"", &mut raw.name, |expr| {
@@ -264,12 +276,65 @@ fn expr_lit(expr: &Expr) -> Option<&Lit> {
     }
 }
 
-/// The serde attributes of the struct that change the payload's shape.
+/// `#[domain_event(opaque)]` on a field of an event or payload type.
+#[derive(Default)]
+pub struct FieldAttrs {
+    /// Compare the field by its type's name only: for types from other
+    /// crates that implement neither a well-known serde shape nor
+    /// `EventPayload`.
+    pub opaque: bool,
+}
+
+/// What every misplaced `#[domain_event(..)]` on a field is told.
+const FIELD_ATTRIBUTE_HELP: &str = "#[domain_event(..)] belongs on the event struct, not on a \
+     field; on a field it only takes `opaque`, and #[serde(rename = \"..\")] or #[serde(skip)] \
+     shape a field";
+
+impl FieldAttrs {
+    /// Reads `#[domain_event(..)]` on a field, reporting anything but `opaque`.
+    pub fn from_attrs(cx: &Ctxt, attrs: &[Attribute]) -> Self {
+        let mut field = Self::default();
+        for attr in attrs
+            .iter()
+            .filter(|attr| attr.path().is_ident("domain_event"))
+        {
+            let mut misplaced = !matches!(attr.meta, Meta::List(_));
+            if !misplaced {
+                let result = attr.parse_nested_meta(|meta| {
+                    if meta.path.is_ident("opaque")
+                        && !meta.input.peek(Token![=])
+                        && !meta.input.peek(syn::token::Paren)
+                    {
+                        field.opaque = true;
+                    } else {
+                        misplaced = true;
+                        skip_value(&meta)?;
+                    }
+                    Ok(())
+                });
+                misplaced |= result.is_err();
+            }
+            if misplaced {
+                cx.error_spanned_by(attr, FIELD_ATTRIBUTE_HELP);
+            }
+        }
+        field
+    }
+}
+
+/// The serde attributes of a struct or enum that change the payload's shape.
 #[derive(Default)]
 pub struct SerdeContainer {
     pub rename_all: Option<RenameRule>,
+    /// Where `rename_all` is written, for errors about a changed rule.
+    pub rename_all_span: Option<Span>,
     pub default: bool,
     pub transparent: Option<Span>,
+    /// `tag = ".."` of an internally or adjacently tagged enum.
+    pub tag: Option<String>,
+    /// `content = ".."` of an adjacently tagged enum.
+    pub content: Option<String>,
+    pub untagged: bool,
 }
 
 impl SerdeContainer {
@@ -279,14 +344,21 @@ impl SerdeContainer {
         let mut container = Self::default();
         for_each_serde_meta(attrs, |meta| {
             if meta.path.is_ident("rename_all") {
+                container.rename_all_span = Some(meta.path.span());
                 if let Some(rule) = serialize_name(meta)? {
-                    container.rename_all = RenameRule::from_str(&rule);
+                    container.rename_all = RenameRule::from_name(&rule);
                 }
             } else if meta.path.is_ident("default") {
                 container.default = true;
                 skip_value(meta)?;
             } else if meta.path.is_ident("transparent") {
                 container.transparent = Some(meta.path.span());
+            } else if meta.path.is_ident("tag") {
+                container.tag = Some(meta.value()?.parse::<LitStr>()?.value());
+            } else if meta.path.is_ident("content") {
+                container.content = Some(meta.value()?.parse::<LitStr>()?.value());
+            } else if meta.path.is_ident("untagged") {
+                container.untagged = true;
             } else {
                 skip_value(meta)?;
             }
@@ -296,13 +368,16 @@ impl SerdeContainer {
     }
 }
 
-/// The serde attributes of one field that change the payload's shape.
+/// The serde attributes of one field or enum variant that change the
+/// payload's shape.
 #[derive(Default)]
 pub struct SerdeField {
     pub rename: Option<String>,
     pub default: bool,
     pub skip_serializing: bool,
     pub flatten: bool,
+    /// `rename_all` on an enum variant, for the fields of a struct variant.
+    pub rename_all: Option<RenameRule>,
 }
 
 impl SerdeField {
@@ -319,6 +394,10 @@ impl SerdeField {
                 field.skip_serializing = true;
             } else if meta.path.is_ident("flatten") {
                 field.flatten = true;
+            } else if meta.path.is_ident("rename_all") {
+                if let Some(rule) = serialize_name(meta)? {
+                    field.rename_all = RenameRule::from_name(&rule);
+                }
             } else {
                 skip_value(meta)?;
             }

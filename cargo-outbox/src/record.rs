@@ -1,0 +1,285 @@
+//! Computes every event's schema from the sources and brings the lock up to
+//! date: new and bumped versions are added, additive changes are recorded
+//! into their version's entry, and nothing recorded is ever changed
+//! incompatibly.
+
+use std::collections::BTreeMap;
+
+use outbox_schema::compare::{self, Site, Status};
+use outbox_schema::ctxt::Ctxt;
+use outbox_schema::model::{Event, Payload};
+use outbox_schema::schema_lock::{EventEntry, Lock, TypeEntry};
+use outbox_schema::shape::{FieldShape, TypeShape, VariantShape, nested_mismatch};
+use outbox_schema::ty;
+
+use crate::sources::{Item, Sources};
+
+/// What recording found.
+#[derive(Default)]
+pub struct Outcome {
+    /// The lock as it should be.
+    pub lock: Lock,
+    /// One line per entry added or extended.
+    pub changes: Vec<String>,
+    /// Problems that stop recording: every one, one line each.
+    pub errors: Vec<String>,
+    /// Remarks that do not stop recording.
+    pub notes: Vec<String>,
+}
+
+/// Records the events of `sources` into `lock` (named `lock_name`).
+pub fn record(sources: &Sources, lock: &Lock, lock_name: &str) -> Outcome {
+    let mut outcome = Outcome {
+        lock: lock.clone(),
+        ..Outcome::default()
+    };
+    let mut seen: BTreeMap<(String, u32), String> = BTreeMap::new();
+    for item in &sources.events {
+        let cx = Ctxt::default();
+        let event = Event::from_ast(&cx, &item.input);
+        if let Err(errors) = cx.check() {
+            for error in errors {
+                outcome
+                    .errors
+                    .push(format!("{}: {error}", item.location(error.span())));
+            }
+            continue;
+        }
+        let Some(event) = event else { continue };
+        let mut actual = event.entry();
+        let key = (actual.event.clone(), actual.version);
+        let here = item.location(event.ident.span());
+        if let Some(first) = seen.insert(key, here.clone()) {
+            outcome.errors.push(format!(
+                "{here}: {} is also declared at {first}; each event version has one struct",
+                actual.title()
+            ));
+            continue;
+        }
+        actual.types = nested_types(&event, item, sources, &mut outcome);
+
+        let verdict = compare::check_event(lock, &actual, lock_name);
+        for finding in &verdict.findings {
+            if matches!(verdict.status, Status::New | Status::Bumped { .. }) {
+                continue;
+            }
+            let span = match finding.site {
+                Site::Field(index) => event.fields[index].source.ident.as_ref().map(|i| i.span()),
+                Site::Version => Some(event.attrs.version_span),
+                Site::Aggregate => Some(event.attrs.aggregate_span),
+                Site::RenameAll | Site::Attribute => None,
+            }
+            .unwrap_or_else(|| event.ident.span());
+            outcome
+                .errors
+                .push(format!("{}: {}", item.location(span), finding.message));
+        }
+        match verdict.status {
+            Status::Rejected => {}
+            Status::New => {
+                outcome
+                    .changes
+                    .push(format!("recorded new {}", actual.title()));
+                outcome.lock.record(actual);
+            }
+            Status::Bumped { latest } => {
+                outcome.changes.push(format!(
+                    "recorded {} (bumped from version {latest})",
+                    actual.title()
+                ));
+                outcome.lock.record(actual);
+            }
+            Status::Recorded | Status::Additive => {
+                let Some(recorded) = lock.entry(&actual.event, actual.version) else {
+                    continue;
+                };
+                let next = lock
+                    .versions(&actual.event)
+                    .last()
+                    .map_or(1, |e| e.version + 1);
+                if let Some(message) = nested_problem(recorded, &actual, lock_name, next) {
+                    outcome.errors.push(format!("{here}: {message}"));
+                } else if recorded != &actual {
+                    outcome
+                        .changes
+                        .push(format!("recorded additive changes of {}", actual.title()));
+                    outcome.lock.record(actual);
+                }
+            }
+        }
+    }
+    let mut seen_errors = std::collections::BTreeSet::new();
+    outcome
+        .errors
+        .retain(|error| seen_errors.insert(error.clone()));
+    let mut seen_notes = std::collections::BTreeSet::new();
+    outcome.notes.retain(|note| seen_notes.insert(note.clone()));
+    outcome
+}
+
+/// The payload types reachable from the fields of `event`, by name.
+fn nested_types(
+    event: &Event<'_>,
+    item: &Item,
+    sources: &Sources,
+    outcome: &mut Outcome,
+) -> BTreeMap<String, TypeEntry> {
+    let mut types = BTreeMap::new();
+    let params = event.type_params();
+    let mut pending: Vec<(String, String)> = Vec::new();
+    for field in &event.fields {
+        for inner in field.payload_types(&params) {
+            let used_by = format!(
+                "field `{}` of {} ({})",
+                field.name,
+                event.entry().title(),
+                item.location(event.ident.span())
+            );
+            pending.push((ty::payload_name(inner), used_by));
+        }
+    }
+    while let Some((name, used_by)) = pending.pop() {
+        if types.contains_key(&name) {
+            continue;
+        }
+        let payload_item = match sources.payloads.get(&name).map(Vec::as_slice) {
+            Some([only]) => only,
+            Some(several) => {
+                let places: Vec<String> = several
+                    .iter()
+                    .map(|item| item.location(item.input.ident.span()))
+                    .collect();
+                outcome.errors.push(format!(
+                    "`{name}` is defined more than once ({}); payload types are recorded by \
+                     name, so give them distinct names",
+                    places.join(", ")
+                ));
+                continue;
+            }
+            None => {
+                match sources.other_types.get(&name) {
+                    Some(location) => outcome.errors.push(format!(
+                        "{location}: `{name}` is nested in event payloads but does not derive \
+                         EventPayload; add #[derive(EventPayload)] so its shape is recorded and \
+                         checked"
+                    )),
+                    None => outcome.notes.push(format!(
+                        "`{name}`, used by {used_by}, is not defined in this crate: it is \
+                         compared by name only"
+                    )),
+                }
+                continue;
+            }
+        };
+        let cx = Ctxt::default();
+        let payload = Payload::from_ast(&cx, &payload_item.input);
+        if let Err(errors) = cx.check() {
+            for error in errors {
+                outcome
+                    .errors
+                    .push(format!("{}: {error}", payload_item.location(error.span())));
+            }
+            continue;
+        }
+        let Some(payload) = payload else { continue };
+        for field in payload.all_fields() {
+            for inner in field.payload_types(&[]) {
+                let inner_name = ty::payload_name(inner);
+                if inner_name != name {
+                    pending.push((inner_name, format!("`{name}`")));
+                }
+            }
+        }
+        types.insert(name, payload.entry());
+    }
+    types
+}
+
+/// The first incompatible change in the payload types nested in `actual`
+/// since `recorded`, as a message.
+fn nested_problem(
+    recorded: &EventEntry,
+    actual: &EventEntry,
+    lock_name: &str,
+    next: u32,
+) -> Option<String> {
+    for field in &recorded.fields {
+        if field.opaque {
+            continue;
+        }
+        for name in ty::payload_names_in(&field.ty, &[]) {
+            let (Some(old), Some(new)) = (
+                leak_shape(&name, &recorded.types, &mut Vec::new()),
+                leak_shape(&name, &actual.types, &mut Vec::new()),
+            ) else {
+                continue;
+            };
+            let prefix = compare::mismatch(recorded, lock_name, Some(&field.name));
+            let fix = compare::bump_fix(next);
+            if let Some(message) = nested_mismatch(old, new, &prefix, &fix) {
+                return Some(message.as_str().to_owned());
+            }
+        }
+    }
+    None
+}
+
+/// The shape of the payload type `name` from `types`, with its nested
+/// types, as the derive builds it. Leaked: this is a short-lived command.
+fn leak_shape(
+    name: &str,
+    types: &BTreeMap<String, TypeEntry>,
+    path: &mut Vec<String>,
+) -> Option<&'static TypeShape<'static>> {
+    let entry = types.get(name)?;
+    path.push(name.to_owned());
+    let leak = |text: &str| -> &'static str { Box::leak(text.to_owned().into_boxed_str()) };
+    let fields =
+        |fields: &[outbox_schema::schema_lock::FieldEntry]| -> &'static [FieldShape<'static>] {
+            let shapes: Vec<FieldShape<'static>> = fields
+                .iter()
+                .map(|field| {
+                    let nested: Vec<&'static TypeShape<'static>> = if field.opaque {
+                        Vec::new()
+                    } else {
+                        ty::payload_names_in(&field.ty, &[])
+                            .iter()
+                            .filter(|inner| !path.contains(inner))
+                            .filter_map(|inner| leak_shape(inner, types, &mut path.clone()))
+                            .collect()
+                    };
+                    FieldShape {
+                        name: leak(&field.name),
+                        rust_name: leak(field.rust_name()),
+                        ty: leak(&field.ty),
+                        optional: field.optional,
+                        default: field.default,
+                        flatten: field.flatten,
+                        types: Box::leak(nested.into_boxed_slice()),
+                    }
+                })
+                .collect();
+            Box::leak(shapes.into_boxed_slice())
+        };
+    let struct_fields = fields(&entry.fields);
+    let variants: Vec<VariantShape<'static>> = entry
+        .variants
+        .iter()
+        .map(|variant| VariantShape {
+            name: leak(&variant.name),
+            rust_name: leak(variant.rust_name()),
+            kind: variant.kind,
+            fields: fields(&variant.fields),
+        })
+        .collect();
+    let shape = TypeShape {
+        name: leak(name),
+        kind: entry.kind,
+        rename_all: leak(entry.rename_all.as_deref().unwrap_or("")),
+        repr: leak(entry.repr.as_deref().unwrap_or("")),
+        fields: struct_fields,
+        variants: Box::leak(variants.into_boxed_slice()),
+    };
+    path.pop();
+    Some(Box::leak(Box::new(shape)))
+}

@@ -1,0 +1,141 @@
+//! The crate's Rust sources: every struct and enum deriving `DomainEvent` or
+//! `EventPayload`, and the names of the other types it defines.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use syn::visit::Visit;
+use syn::{Attribute, DeriveInput};
+
+/// A struct or enum found in a source file.
+pub struct Item {
+    /// The file, relative to the crate root when it is inside it.
+    pub file: PathBuf,
+    /// The item, as a derive sees it.
+    pub input: DeriveInput,
+}
+
+impl Item {
+    /// `file:line` of `span`, for messages.
+    pub fn location(&self, span: proc_macro2::Span) -> String {
+        format!("{}:{}", self.file.display(), span.start().line)
+    }
+}
+
+/// What the sources define.
+#[derive(Default)]
+pub struct Sources {
+    /// Structs deriving `DomainEvent`.
+    pub events: Vec<Item>,
+    /// Types deriving `EventPayload`, by name.
+    pub payloads: BTreeMap<String, Vec<Item>>,
+    /// Every other struct or enum, by name: where it is.
+    pub other_types: BTreeMap<String, String>,
+}
+
+/// Reads every `.rs` file under `dirs` (relative to `crate_dir`; missing
+/// ones are skipped).
+pub fn scan(crate_dir: &Path, dirs: &[PathBuf]) -> anyhow::Result<Sources> {
+    let mut files = Vec::new();
+    for dir in dirs {
+        collect_rs_files(&crate_dir.join(dir), &mut files)?;
+    }
+    files.sort();
+    let mut sources = Sources::default();
+    for path in files {
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let file = path.strip_prefix(crate_dir).unwrap_or(&path).to_owned();
+        let syntax = syn::parse_file(&text).map_err(|error| {
+            let start = error.span().start();
+            anyhow::anyhow!(
+                "cannot parse {}:{}:{}: {error}; fix the syntax error first",
+                file.display(),
+                start.line,
+                start.column + 1
+            )
+        })?;
+        let mut visitor = Collector {
+            file: &file,
+            sources: &mut sources,
+        };
+        visitor.visit_file(&syntax);
+    }
+    Ok(sources)
+}
+
+fn collect_rs_files(dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot read {}", dir.display()));
+        }
+    };
+    for entry in entries {
+        let path = entry
+            .with_context(|| format!("cannot read {}", dir.display()))?
+            .path();
+        if path.is_dir() {
+            collect_rs_files(&path, files)?;
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            files.push(path);
+        }
+    }
+    Ok(())
+}
+
+struct Collector<'a> {
+    file: &'a Path,
+    sources: &'a mut Sources,
+}
+
+impl Collector<'_> {
+    fn add(&mut self, input: DeriveInput) {
+        let name = outbox_schema::attr::unraw(&input.ident);
+        let item = Item {
+            file: self.file.to_owned(),
+            input,
+        };
+        if derives(&item.input.attrs, "DomainEvent") {
+            self.sources.events.push(item);
+        } else if derives(&item.input.attrs, "EventPayload") {
+            self.sources.payloads.entry(name).or_default().push(item);
+        } else {
+            let location = item.location(item.input.ident.span());
+            self.sources.other_types.entry(name).or_insert(location);
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Collector<'_> {
+    fn visit_item_struct(&mut self, item: &'ast syn::ItemStruct) {
+        self.add(item.clone().into());
+        syn::visit::visit_item_struct(self, item);
+    }
+
+    fn visit_item_enum(&mut self, item: &'ast syn::ItemEnum) {
+        self.add(item.clone().into());
+        syn::visit::visit_item_enum(self, item);
+    }
+}
+
+/// Whether `attrs` hold `#[derive(.., name, ..)]` (under any path).
+fn derives(attrs: &[Attribute], name: &str) -> bool {
+    attrs
+        .iter()
+        .filter(|attr| attr.path().is_ident("derive"))
+        .any(|attr| {
+            let mut found = false;
+            let _ = attr.parse_nested_meta(|meta| {
+                found |= meta
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|last| last.ident == name);
+                Ok(())
+            });
+            found
+        })
+}

@@ -1,0 +1,189 @@
+//! Where the derive checks an event against the schema lock.
+//!
+//! The lock (`outbox.lock` at the crate root, or `$OUTBOX_LOCK`) is only
+//! read, never written: editors expand macros too. What the lock decides
+//! comes out as tokens after the `DomainEvent` impl:
+//!
+//! - `include_bytes!` of the lock, so cargo rebuilds the crate when the lock
+//!   changes, and `option_env!("OUTBOX_LOCK")`, so it rebuilds when the
+//!   variable does;
+//! - a `compile_error!` for every problem, at the field it is about (the
+//!   version attribute for a removed field);
+//! - for an event that matches its entry, a constant per payload type nested
+//!   in a field that compares the type's `EventPayload::SHAPE` with its
+//!   recorded shape during constant evaluation (only the compiler sees
+//!   those types), and one that requires `EventPayload` of every other.
+
+use std::path::{Path, PathBuf};
+
+use outbox_schema::compare::{self, Site, Status};
+use outbox_schema::model::Event;
+use outbox_schema::schema_lock::{LOCK_ENV, LOCK_FILE, Lock, RECORD_COMMAND};
+use outbox_schema::ty;
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+
+use crate::expand::with_static_lifetimes;
+use crate::shape_tokens;
+
+/// The tokens that check `event` against the lock.
+pub fn check_event(event: &Event<'_>) -> TokenStream {
+    if compiled_by_rustdoc() {
+        // A doctest's events are examples, not the crate's published
+        // contract, and no command can record them.
+        return TokenStream::new();
+    }
+    let track_env = quote! {
+        const _: ::core::option::Option<&str> = ::core::option_env!(#LOCK_ENV);
+    };
+    let Some(crate_dir) = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from) else {
+        let message = format!(
+            "#[derive(DomainEvent)] checks events against {LOCK_FILE} at the crate root, but \
+             CARGO_MANIFEST_DIR is not set: build with cargo, or set {LOCK_ENV} to the lock's path"
+        );
+        return error_at(event, Site::Attribute, &message);
+    };
+    let env_override = std::env::var(LOCK_ENV).ok();
+    let path = outbox_schema::schema_lock::lock_path(&crate_dir, env_override.as_deref());
+    // Messages name the lock as the user did.
+    let lock_name = match env_override.as_deref().map(str::trim) {
+        Some(given) if !given.is_empty() => given.to_owned(),
+        _ => LOCK_FILE.to_owned(),
+    };
+    let lock = match Lock::read(&path) {
+        Ok(Some(lock)) => lock,
+        Ok(None) => {
+            let message = format!(
+                "no {lock_name} in {}: #[derive(DomainEvent)] checks every event against the \
+                 payload schemas recorded there; run `{RECORD_COMMAND}` in this crate to create \
+                 it, and commit it",
+                crate_dir.display()
+            );
+            let error = error_at(event, Site::Attribute, &message);
+            return quote!(#error #track_env);
+        }
+        Err(error) => {
+            let message = format!(
+                "cannot read {error}; restore it from version control, or delete it and run \
+                 `{RECORD_COMMAND}`"
+            );
+            let error = error_at(event, Site::Attribute, &message);
+            let include = include_lock(&path);
+            return quote!(#error #include #track_env);
+        }
+    };
+
+    let actual = event.entry();
+    let verdict = compare::check_event(&lock, &actual, &lock_name);
+    let errors = verdict
+        .findings
+        .iter()
+        .map(|finding| error_at(event, finding.site, &finding.message));
+    let nested = match verdict.status {
+        Status::Recorded | Status::Additive => nested_checks(event, &lock, &lock_name),
+        Status::New | Status::Bumped { .. } | Status::Rejected => TokenStream::new(),
+    };
+    let include = include_lock(&path);
+    quote!(#(#errors)* #nested #include #track_env)
+}
+
+/// The checks of the payload types nested in the fields of `event`, which
+/// matches its entry in `lock`.
+fn nested_checks(event: &Event<'_>, lock: &Lock, lock_name: &str) -> TokenStream {
+    let params = event.type_params();
+    if !params.is_empty() {
+        // A type parameter's payload types are only known per use.
+        return TokenStream::new();
+    }
+    let Some(recorded) = lock.entry(&event.attrs.name, event.attrs.version) else {
+        return TokenStream::new();
+    };
+    let latest = lock
+        .versions(&event.attrs.name)
+        .last()
+        .map_or(recorded.version, |entry| entry.version);
+    let fix = compare::bump_fix(latest + 1);
+    let mut checks = TokenStream::new();
+    for field in &event.fields {
+        let recorded_field = recorded.fields.iter().find(|r| r.name == field.name);
+        for inner in field.payload_types(&params) {
+            let name = ty::payload_name(inner);
+            let inner = with_static_lifetimes(inner);
+            let span = inner.span();
+            let recorded_shape = recorded_field
+                .filter(|r| !r.opaque)
+                .and_then(|_| shape_tokens::recorded(&name, &recorded.types, &mut Vec::new()));
+            checks.extend(match recorded_shape {
+                Some(shape) => {
+                    let prefix = compare::mismatch(recorded, lock_name, Some(&field.name));
+                    quote_spanned! {span=>
+                        const _: () = match ::outbox_core::shape::nested_mismatch(
+                            &#shape,
+                            <#inner as ::outbox_core::EventPayload>::SHAPE,
+                            #prefix,
+                            #fix,
+                        ) {
+                            ::core::option::Option::Some(message) => {
+                                ::core::panic!("{}", message.as_str())
+                            }
+                            ::core::option::Option::None => (),
+                        };
+                    }
+                }
+                None => quote_spanned! {span=>
+                    const _: &::outbox_core::shape::TypeShape<'static> =
+                        <#inner as ::outbox_core::EventPayload>::SHAPE;
+                },
+            });
+        }
+    }
+    checks
+}
+
+/// `const _: &[u8] = include_bytes!(lock)`: cargo rebuilds when it changes.
+fn include_lock(path: &Path) -> TokenStream {
+    let path = path.display().to_string();
+    quote!(
+        const _: &[u8] = ::core::include_bytes!(#path);
+    )
+}
+
+/// A compile error with `message` at `site` of `event`.
+fn error_at(event: &Event<'_>, site: Site, message: &str) -> TokenStream {
+    let error = match site {
+        Site::Field(index) => match event.fields.get(index) {
+            Some(field) => syn::Error::new_spanned(field.site(), message),
+            None => syn::Error::new_spanned(&event.attrs.attribute, message),
+        },
+        Site::Version => syn::Error::new(event.attrs.version_span, message),
+        Site::Aggregate => syn::Error::new(event.attrs.aggregate_span, message),
+        Site::RenameAll => {
+            let span = event
+                .serde
+                .rename_all_span
+                .unwrap_or_else(|| event.ident.span());
+            syn::Error::new(span, message)
+        }
+        Site::Attribute => syn::Error::new_spanned(&event.attrs.attribute, message),
+    };
+    error.to_compile_error()
+}
+
+/// Whether rustdoc is compiling a doctest: it sets
+/// `UNSTABLE_RUSTDOC_TEST_PATH` for a doctest compiled on its own, and
+/// compiles merged doctests from a `doctest_bundle_*.rs` in a temporary
+/// directory.
+fn compiled_by_rustdoc() -> bool {
+    if std::env::var_os("UNSTABLE_RUSTDOC_TEST_PATH").is_some() {
+        return true;
+    }
+    if !proc_macro::is_available() {
+        return false;
+    }
+    let file = proc_macro::Span::call_site().local_file();
+    file.as_deref()
+        .and_then(Path::file_name)
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| name.starts_with("doctest_bundle_"))
+}

@@ -1,0 +1,115 @@
+//! Payload shapes as constant expressions of `outbox_core::shape` types:
+//! recorded ones rebuilt from the lock, current ones from a payload type.
+
+use std::collections::BTreeMap;
+
+use outbox_schema::schema_lock::{FieldEntry, TypeEntry};
+use outbox_schema::shape::Kind;
+use outbox_schema::ty;
+use proc_macro2::TokenStream;
+use quote::quote;
+
+/// `outbox_core::shape::Kind::..`.
+pub fn kind(kind: Kind) -> TokenStream {
+    match kind {
+        Kind::Struct => quote!(::outbox_core::shape::Kind::Struct),
+        Kind::Tuple => quote!(::outbox_core::shape::Kind::Tuple),
+        Kind::Unit => quote!(::outbox_core::shape::Kind::Unit),
+        Kind::Enum => quote!(::outbox_core::shape::Kind::Enum),
+    }
+}
+
+/// A `TypeShape` expression for the type `name` shaped like `entry`, whose
+/// fields' nested payload types are the `&TypeShape` expressions `nested`
+/// returns for each field.
+pub fn type_shape(
+    name: &str,
+    entry: &TypeEntry,
+    nested: &mut dyn FnMut(&FieldEntry) -> Vec<TokenStream>,
+) -> TokenStream {
+    let kind = kind(entry.kind);
+    let rename_all = entry.rename_all.as_deref().unwrap_or("");
+    let repr = entry.repr.as_deref().unwrap_or("");
+    let struct_fields = fields(&entry.fields, nested);
+    let mut variants = Vec::new();
+    for variant in &entry.variants {
+        let name = &variant.name;
+        let rust_name = variant.rust_name();
+        let kind = self::kind(variant.kind);
+        let fields = fields(&variant.fields, nested);
+        variants.push(quote! {
+            ::outbox_core::shape::VariantShape {
+                name: #name,
+                rust_name: #rust_name,
+                kind: #kind,
+                fields: #fields,
+            }
+        });
+    }
+    let fields = struct_fields;
+    quote! {
+        ::outbox_core::shape::TypeShape {
+            name: #name,
+            kind: #kind,
+            rename_all: #rename_all,
+            repr: #repr,
+            fields: #fields,
+            variants: &[#(#variants),*],
+        }
+    }
+}
+
+/// A `&[FieldShape]` expression.
+fn fields(
+    fields: &[FieldEntry],
+    nested: &mut dyn FnMut(&FieldEntry) -> Vec<TokenStream>,
+) -> TokenStream {
+    let mut shapes = Vec::new();
+    for field in fields {
+        let name = &field.name;
+        let rust_name = field.rust_name();
+        let ty = &field.ty;
+        let (optional, default, flatten) = (field.optional, field.default, field.flatten);
+        let types = nested(field);
+        shapes.push(quote! {
+            ::outbox_core::shape::FieldShape {
+                name: #name,
+                rust_name: #rust_name,
+                ty: #ty,
+                optional: #optional,
+                default: #default,
+                flatten: #flatten,
+                types: &[#(#types),*],
+            }
+        });
+    }
+    quote!(&[#(#shapes),*])
+}
+
+/// The recorded shape of the payload type `name`, with the recorded shapes
+/// of the types it contains, from an event's `types` in the lock. A type
+/// already being expanded on the way here is not expanded again, as
+/// `#[derive(EventPayload)]` leaves out a type's references to itself.
+pub fn recorded(
+    name: &str,
+    types: &BTreeMap<String, TypeEntry>,
+    path: &mut Vec<String>,
+) -> Option<TokenStream> {
+    let entry = types.get(name)?;
+    path.push(name.to_owned());
+    let shape = type_shape(name, entry, &mut |field| {
+        if field.opaque {
+            return Vec::new();
+        }
+        ty::payload_names_in(&field.ty, &[])
+            .iter()
+            .filter(|inner| !path.contains(inner))
+            .filter_map(|inner| {
+                let mut inner_path = path.clone();
+                recorded(inner, types, &mut inner_path).map(|shape| quote!(&#shape))
+            })
+            .collect()
+    });
+    path.pop();
+    Some(shape)
+}

@@ -1,0 +1,520 @@
+//! The lock file: the recorded payload schema of every event version a crate
+//! has published, `outbox.lock` at the crate root.
+//!
+//! It is TOML, sorted by event type and version, one field per line, so a
+//! change reads well in a diff. `cargo outbox lock` writes it; the derive
+//! only reads it. Entries are append-only: a recorded version never loses a
+//! field or changes one, it only gains what is additive.
+//!
+//! ```toml
+//! [[event]]
+//! event = "OrderPlaced"
+//! version = 1
+//! aggregate = "Order"
+//! fields = [
+//!     { name = "order_id", type = "i64" },
+//!     { name = "total", type = "Money" },
+//!     { name = "coupon", type = "Option<String>", optional = true },
+//! ]
+//!
+//! [event.types.Money]
+//! kind = "struct"
+//! fields = [
+//!     { name = "cents", type = "i64" },
+//! ]
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::shape::{FieldShape, Kind};
+
+/// The lock's file name, at the crate root.
+pub const LOCK_FILE: &str = "outbox.lock";
+
+/// The environment variable that points the derive and the command at
+/// another lock file (absolute, or relative to the crate root).
+pub const LOCK_ENV: &str = "OUTBOX_LOCK";
+
+/// The command that records events into the lock.
+pub const RECORD_COMMAND: &str = "cargo outbox lock";
+
+/// Where the lock of the crate at `crate_dir` is: `$OUTBOX_LOCK` if given
+/// (`env_override`), else `outbox.lock` in the crate root.
+pub fn lock_path(crate_dir: &Path, env_override: Option<&str>) -> PathBuf {
+    match env_override.map(str::trim).filter(|path| !path.is_empty()) {
+        Some(path) => crate_dir.join(path),
+        None => crate_dir.join(LOCK_FILE),
+    }
+}
+
+/// The recorded events of one crate.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lock {
+    /// Every recorded (event type, version), sorted.
+    #[serde(default, rename = "event")]
+    pub events: Vec<EventEntry>,
+}
+
+/// The recorded schema of one version of one event type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventEntry {
+    /// The event type (`DomainEvent::EVENT_TYPE`).
+    pub event: String,
+    /// The payload version.
+    pub version: u32,
+    /// The aggregate type.
+    pub aggregate: String,
+    /// `#[serde(rename_all = "..")]` on the event struct.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rename_all: Option<String>,
+    /// The serialized fields, in declaration order.
+    #[serde(default)]
+    pub fields: Vec<FieldEntry>,
+    /// Every payload type reachable from the fields, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub types: BTreeMap<String, TypeEntry>,
+}
+
+/// One serialized field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldEntry {
+    /// The name serde writes.
+    pub name: String,
+    /// The Rust name, when it differs from `name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rust: Option<String>,
+    /// The normalized type (see `ty::normalize`).
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// The type is an `Option`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub optional: bool,
+    /// The field has `#[serde(default)]`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub default: bool,
+    /// The field has `#[serde(flatten)]`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub flatten: bool,
+    /// The field has `#[domain_event(opaque)]`: compared by type name only.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub opaque: bool,
+}
+
+/// The recorded shape of a payload type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TypeEntry {
+    /// Struct, tuple, unit or enum.
+    pub kind: Kind,
+    /// `#[serde(rename_all = "..")]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rename_all: Option<String>,
+    /// An enum's representation (see `TypeShape::repr`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repr: Option<String>,
+    /// A struct's fields.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<FieldEntry>,
+    /// An enum's variants.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<VariantEntry>,
+}
+
+/// One serialized enum variant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariantEntry {
+    /// The name serde writes.
+    pub name: String,
+    /// The Rust name, when it differs from `name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rust: Option<String>,
+    /// Unit, tuple or struct variant.
+    pub kind: Kind,
+    /// The variant's fields.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<FieldEntry>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !value
+}
+
+impl FieldEntry {
+    /// The Rust field name.
+    pub fn rust_name(&self) -> &str {
+        self.rust.as_deref().unwrap_or(&self.name)
+    }
+
+    /// The field's own facts, without nested payload types.
+    pub fn shape(&self) -> FieldShape<'_> {
+        FieldShape {
+            name: &self.name,
+            rust_name: self.rust_name(),
+            ty: &self.ty,
+            optional: self.optional,
+            default: self.default,
+            flatten: self.flatten,
+            types: &[],
+        }
+    }
+
+    /// A field read from source.
+    pub fn new(name: String, rust_name: String, ty: String) -> Self {
+        Self {
+            rust: (rust_name != name).then_some(rust_name),
+            name,
+            ty,
+            optional: false,
+            default: false,
+            flatten: false,
+            opaque: false,
+        }
+    }
+}
+
+impl VariantEntry {
+    /// The Rust variant name.
+    pub fn rust_name(&self) -> &str {
+        self.rust.as_deref().unwrap_or(&self.name)
+    }
+}
+
+impl EventEntry {
+    /// `event` version `version`, for messages.
+    pub fn title(&self) -> String {
+        format!("`{}` version {}", self.event, self.version)
+    }
+}
+
+/// A lock file that could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockError {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl std::fmt::Display for LockError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.message)
+    }
+}
+
+impl std::error::Error for LockError {}
+
+impl Lock {
+    /// Reads the lock at `path`; `Ok(None)` if there is no such file.
+    pub fn read(path: &Path) -> Result<Option<Self>, LockError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => {
+                return Err(LockError {
+                    path: path.to_owned(),
+                    message: error.to_string(),
+                });
+            }
+        };
+        Self::parse(&text).map(Some).map_err(|message| LockError {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parses a lock file's text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let lock: Self = toml::from_str(text).map_err(|error| {
+            let message = error.message().to_owned();
+            match error.span() {
+                Some(span) => {
+                    let line = text[..span.start.min(text.len())].lines().count().max(1);
+                    format!("line {line}: {message}")
+                }
+                None => message,
+            }
+        })?;
+        let mut seen = std::collections::BTreeSet::new();
+        for entry in &lock.events {
+            if !seen.insert((&entry.event, entry.version)) {
+                return Err(format!(
+                    "{} is recorded twice; keep one entry (the one in version control)",
+                    entry.title()
+                ));
+            }
+        }
+        Ok(lock)
+    }
+
+    /// The entry of `event` version `version`.
+    pub fn entry(&self, event: &str, version: u32) -> Option<&EventEntry> {
+        self.events
+            .iter()
+            .find(|entry| entry.event == event && entry.version == version)
+    }
+
+    /// Every recorded version of `event`, oldest first.
+    pub fn versions(&self, event: &str) -> Vec<&EventEntry> {
+        let mut versions: Vec<&EventEntry> = self
+            .events
+            .iter()
+            .filter(|entry| entry.event == event)
+            .collect();
+        versions.sort_by_key(|entry| entry.version);
+        versions
+    }
+
+    /// Records `entry`, replacing the entry of the same version if any.
+    pub fn record(&mut self, entry: EventEntry) {
+        self.events
+            .retain(|old| !(old.event == entry.event && old.version == entry.version));
+        self.events.push(entry);
+        self.sort();
+    }
+
+    fn sort(&mut self) {
+        self.events
+            .sort_by(|a, b| (&a.event, a.version).cmp(&(&b.event, b.version)));
+    }
+
+    /// The file's text: a header, then the entries sorted by event type and
+    /// version, one field per line.
+    pub fn to_toml(&self) -> String {
+        let mut lock = self.clone();
+        lock.sort();
+        let mut out = String::from(
+            "# The recorded payload schema of every published event version of this crate.\n\
+             # Written by `cargo outbox lock`, checked by #[derive(DomainEvent)] on every build.\n\
+             # Commit it. Recorded versions are never changed: change a payload incompatibly\n\
+             # by bumping the event's version.\n",
+        );
+        for entry in &lock.events {
+            out.push_str("\n[[event]]\n");
+            let _ = writeln!(out, "event = {}", toml_str(&entry.event));
+            let _ = writeln!(out, "version = {}", entry.version);
+            let _ = writeln!(out, "aggregate = {}", toml_str(&entry.aggregate));
+            if let Some(rule) = &entry.rename_all {
+                let _ = writeln!(out, "rename_all = {}", toml_str(rule));
+            }
+            write_fields(&mut out, &entry.fields);
+            for (name, ty) in &entry.types {
+                let _ = writeln!(out, "\n[event.types.{}]", toml_key(name));
+                let _ = writeln!(out, "kind = {}", toml_str(ty.kind.as_str()));
+                if let Some(rule) = &ty.rename_all {
+                    let _ = writeln!(out, "rename_all = {}", toml_str(rule));
+                }
+                if let Some(repr) = &ty.repr {
+                    let _ = writeln!(out, "repr = {}", toml_str(repr));
+                }
+                if !ty.fields.is_empty() {
+                    write_fields(&mut out, &ty.fields);
+                }
+                if !ty.variants.is_empty() {
+                    out.push_str("variants = [\n");
+                    for variant in &ty.variants {
+                        let mut table = vec![("name", toml_str(&variant.name))];
+                        if let Some(rust) = &variant.rust {
+                            table.push(("rust", toml_str(rust)));
+                        }
+                        table.push(("kind", toml_str(variant.kind.as_str())));
+                        if !variant.fields.is_empty() {
+                            let fields: Vec<String> =
+                                variant.fields.iter().map(field_table).collect();
+                            table.push(("fields", format!("[{}]", fields.join(", "))));
+                        }
+                        let _ = writeln!(out, "    {},", inline_table(&table));
+                    }
+                    out.push_str("]\n");
+                }
+            }
+        }
+        out
+    }
+}
+
+fn write_fields(out: &mut String, fields: &[FieldEntry]) {
+    if fields.is_empty() {
+        out.push_str("fields = []\n");
+        return;
+    }
+    out.push_str("fields = [\n");
+    for field in fields {
+        let _ = writeln!(out, "    {},", field_table(field));
+    }
+    out.push_str("]\n");
+}
+
+fn field_table(field: &FieldEntry) -> String {
+    let mut table = vec![("name", toml_str(&field.name))];
+    if let Some(rust) = &field.rust {
+        table.push(("rust", toml_str(rust)));
+    }
+    table.push(("type", toml_str(&field.ty)));
+    for (key, set) in [
+        ("optional", field.optional),
+        ("default", field.default),
+        ("flatten", field.flatten),
+        ("opaque", field.opaque),
+    ] {
+        if set {
+            table.push((key, "true".to_owned()));
+        }
+    }
+    inline_table(&table)
+}
+
+fn inline_table(pairs: &[(&str, String)]) -> String {
+    let pairs: Vec<String> = pairs
+        .iter()
+        .map(|(key, value)| format!("{key} = {value}"))
+        .collect();
+    format!("{{ {} }}", pairs.join(", "))
+}
+
+/// A TOML basic string.
+fn toml_str(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for ch in text.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            ch if ch.is_control() => {
+                let _ = write!(out, "\\u{:04X}", ch as u32);
+            }
+            ch => out.push(ch),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A TOML key: bare when it can be.
+fn toml_key(key: &str) -> String {
+    let bare = !key.is_empty()
+        && key
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-');
+    if bare { key.to_owned() } else { toml_str(key) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Lock {
+        let mut coupon = FieldEntry::new("coupon".into(), "coupon".into(), "Option<String>".into());
+        coupon.optional = true;
+        let mut types = BTreeMap::new();
+        types.insert(
+            "Payment".to_owned(),
+            TypeEntry {
+                kind: Kind::Enum,
+                rename_all: Some("snake_case".into()),
+                repr: Some("internal(type)".into()),
+                fields: vec![],
+                variants: vec![
+                    VariantEntry {
+                        name: "card".into(),
+                        rust: Some("Card".into()),
+                        kind: Kind::Unit,
+                        fields: vec![],
+                    },
+                    VariantEntry {
+                        name: "transfer".into(),
+                        rust: Some("Transfer".into()),
+                        kind: Kind::Struct,
+                        fields: vec![FieldEntry::new(
+                            "iban".into(),
+                            "iban".into(),
+                            "String".into(),
+                        )],
+                    },
+                ],
+            },
+        );
+        Lock {
+            events: vec![
+                EventEntry {
+                    event: "OrderPlaced".into(),
+                    version: 2,
+                    aggregate: "Order".into(),
+                    rename_all: Some("camelCase".into()),
+                    fields: vec![
+                        FieldEntry::new("orderId".into(), "order_id".into(), "i64".into()),
+                        FieldEntry::new("payment".into(), "payment".into(), "Payment".into()),
+                        coupon,
+                    ],
+                    types,
+                },
+                EventEntry {
+                    event: "OrderPlaced".into(),
+                    version: 1,
+                    aggregate: "Order".into(),
+                    rename_all: None,
+                    fields: vec![FieldEntry::new(
+                        "note \"quoted\"".into(),
+                        "note".into(),
+                        "String".into(),
+                    )],
+                    types: BTreeMap::new(),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn writes_sorted_readable_toml_that_reads_back() {
+        let lock = sample();
+        let text = lock.to_toml();
+        let first = text.find("version = 1").unwrap();
+        let second = text.find("version = 2").unwrap();
+        assert!(first < second, "{text}");
+        assert!(
+            text.contains("    { name = \"orderId\", rust = \"order_id\", type = \"i64\" },\n")
+        );
+        assert!(
+            text.contains("[event.types.Payment]\nkind = \"enum\"\n"),
+            "{text}"
+        );
+        let mut sorted = lock.clone();
+        sorted.sort();
+        assert_eq!(Lock::parse(&text).unwrap(), sorted);
+        // Writing is stable.
+        assert_eq!(Lock::parse(&text).unwrap().to_toml(), text);
+    }
+
+    #[test]
+    fn reports_the_line_of_a_bad_entry_and_duplicates() {
+        let error = Lock::parse("[[event]]\nevent = \"A\"\nversion = \"one\"\n").unwrap_err();
+        assert!(error.starts_with("line 3:"), "{error}");
+        let entry = "[[event]]\nevent = \"A\"\nversion = 1\naggregate = \"X\"\nfields = []\n";
+        let error = Lock::parse(&format!("{entry}{entry}")).unwrap_err();
+        assert_eq!(
+            error,
+            "`A` version 1 is recorded twice; keep one entry (the one in version control)"
+        );
+    }
+
+    #[test]
+    fn the_path_may_be_overridden() {
+        let root = Path::new("/crate");
+        assert_eq!(lock_path(root, None), Path::new("/crate/outbox.lock"));
+        assert_eq!(lock_path(root, Some(" ")), Path::new("/crate/outbox.lock"));
+        assert_eq!(
+            lock_path(root, Some("locks/a.lock")),
+            Path::new("/crate/locks/a.lock")
+        );
+        assert_eq!(lock_path(root, Some("/abs.lock")), Path::new("/abs.lock"));
+    }
+}

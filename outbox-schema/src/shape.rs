@@ -1,0 +1,725 @@
+//! Payload shapes as constants, and the rules that decide whether a shape is
+//! still compatible with the one recorded in the lock.
+//!
+//! Everything here is `const fn` over borrowed data, so the same rules run in
+//! three places: in the derive while it expands an event (the event's own
+//! fields), in code the derive generates (payload types nested in an event,
+//! which only the compiler can see, compared during constant evaluation),
+//! and in `cargo outbox lock`.
+//!
+//! A recorded shape stays compatible with the current one when every
+//! recorded field is still there with the same type and is not more
+//! required than before, every new field is optional (`Option<_>` or
+//! `#[serde(default)]`), and no enum variant disappeared. Added variants are
+//! accepted: they are new values, not a new shape of old ones.
+
+/// What a payload type is on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "model",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "lowercase")
+)]
+pub enum Kind {
+    /// A struct with named fields: a JSON object.
+    Struct,
+    /// A tuple struct (one field: a newtype, written as the field).
+    Tuple,
+    /// A unit struct.
+    Unit,
+    /// An enum; its representation is in [`TypeShape::repr`].
+    Enum,
+}
+
+impl Kind {
+    /// The word for the kind in messages and in the lock.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Kind::Struct => "struct",
+            Kind::Tuple => "tuple",
+            Kind::Unit => "unit",
+            Kind::Enum => "enum",
+        }
+    }
+}
+
+/// The shape of a payload type (a struct or enum deriving `EventPayload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TypeShape<'a> {
+    /// The Rust name of the type.
+    pub name: &'a str,
+    /// Struct, tuple, unit or enum.
+    pub kind: Kind,
+    /// `#[serde(rename_all = "..")]`, or `""`.
+    pub rename_all: &'a str,
+    /// An enum's representation: `external`, `internal(tag)`,
+    /// `adjacent(tag, content)` or `untagged`; `""` for structs.
+    pub repr: &'a str,
+    /// The serialized fields of a struct (tuple fields are named `0`, `1`, ..).
+    pub fields: &'a [FieldShape<'a>],
+    /// The serialized variants of an enum.
+    pub variants: &'a [VariantShape<'a>],
+}
+
+/// One serialized variant of an enum payload type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VariantShape<'a> {
+    /// The name serde writes.
+    pub name: &'a str,
+    /// The Rust variant name.
+    pub rust_name: &'a str,
+    /// Unit, tuple or struct variant.
+    pub kind: Kind,
+    /// The variant's fields.
+    pub fields: &'a [FieldShape<'a>],
+}
+
+/// One serialized field of an event or payload type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldShape<'a> {
+    /// The name serde writes.
+    pub name: &'a str,
+    /// The Rust field name.
+    pub rust_name: &'a str,
+    /// The normalized type, like `Vec<Money>`.
+    pub ty: &'a str,
+    /// The type is an `Option`.
+    pub optional: bool,
+    /// The field has `#[serde(default)]`.
+    pub default: bool,
+    /// The field has `#[serde(flatten)]`.
+    pub flatten: bool,
+    /// The shapes of the payload types inside `ty`, in order of appearance.
+    pub types: &'a [&'a TypeShape<'a>],
+}
+
+impl FieldShape<'_> {
+    /// A reader finds the field optional: missing is fine.
+    pub const fn tolerant(&self) -> bool {
+        self.optional || self.default
+    }
+}
+
+/// How a shape changed incompatibly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// A recorded field is gone.
+    FieldRemoved,
+    /// A recorded field is written under another name (`from` -> `to`).
+    FieldRenamed,
+    /// A field's type changed (`from` -> `to`).
+    TypeChanged,
+    /// A field lost `#[serde(default)]`.
+    MadeRequired,
+    /// A field gained or lost `#[serde(flatten)]` (`to` is the new state).
+    FlattenChanged,
+    /// A new field that a reader of old payloads cannot fill in.
+    NewRequiredField,
+    /// `rename_all` changed (`from` -> `to`, `""` for none).
+    RenameAllChanged,
+    /// An enum's representation changed.
+    ReprChanged,
+    /// The type became another kind (`from` -> `to`).
+    KindChanged,
+    /// A recorded variant is gone (removed or renamed).
+    VariantRemoved,
+    /// A variant became another kind (`from` -> `to`).
+    VariantKindChanged,
+}
+
+/// One incompatible change, located.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Problem<'a> {
+    /// What changed.
+    pub change: Change,
+    /// The payload type where it changed; `""` for an event's own fields.
+    pub ty: &'a str,
+    /// The variant where it changed, or `""`.
+    pub variant: &'a str,
+    /// The field or variant that changed.
+    pub item: &'a str,
+    /// The recorded value, where one applies.
+    pub from: &'a str,
+    /// The current value, where one applies.
+    pub to: &'a str,
+}
+
+impl<'a> Problem<'a> {
+    const fn new(change: Change, ty: &'a str, variant: &'a str, item: &'a str) -> Self {
+        Self {
+            change,
+            ty,
+            variant,
+            item,
+            from: "",
+            to: "",
+        }
+    }
+
+    const fn between(mut self, from: &'a str, to: &'a str) -> Self {
+        self.from = from;
+        self.to = to;
+        self
+    }
+}
+
+/// `a == b` for strings, in a constant.
+pub const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// How `actual` changed from `recorded` (the same field by name), if
+/// incompatibly. Nested payload types are not looked at.
+pub const fn field_change(recorded: &FieldShape<'_>, actual: &FieldShape<'_>) -> Option<Change> {
+    if !str_eq(recorded.ty, actual.ty) {
+        Some(Change::TypeChanged)
+    } else if recorded.flatten != actual.flatten {
+        Some(Change::FlattenChanged)
+    } else if recorded.tolerant() && !actual.tolerant() {
+        Some(Change::MadeRequired)
+    } else {
+        None
+    }
+}
+
+/// The problem `field_change` found, with its details.
+pub const fn field_problem<'a>(
+    ty: &'a str,
+    variant: &'a str,
+    recorded: &FieldShape<'a>,
+    actual: &FieldShape<'a>,
+) -> Option<Problem<'a>> {
+    let Some(change) = field_change(recorded, actual) else {
+        return None;
+    };
+    let problem = Problem::new(change, ty, variant, actual.name);
+    Some(match change {
+        Change::TypeChanged => problem.between(recorded.ty, actual.ty),
+        Change::FlattenChanged if actual.flatten => problem.between("", "flattened"),
+        Change::FlattenChanged => problem.between("flattened", ""),
+        _ => problem,
+    })
+}
+
+const fn find_field<'a, 'b>(
+    fields: &'b [FieldShape<'a>],
+    name: &str,
+) -> Option<&'b FieldShape<'a>> {
+    let mut i = 0;
+    while i < fields.len() {
+        if str_eq(fields[i].name, name) {
+            return Some(&fields[i]);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The first incompatible change from the `recorded` fields to the `actual`
+/// ones, looking into nested payload types.
+pub const fn fields_problem<'a>(
+    ty: &'a str,
+    variant: &'a str,
+    recorded: &[FieldShape<'a>],
+    actual: &[FieldShape<'a>],
+) -> Option<Problem<'a>> {
+    let mut i = 0;
+    while i < recorded.len() {
+        let old = &recorded[i];
+        let Some(new) = find_field(actual, old.name) else {
+            return Some(Problem::new(Change::FieldRemoved, ty, variant, old.name));
+        };
+        if let Some(problem) = field_problem(ty, variant, old, new) {
+            return Some(problem);
+        }
+        // Nested types pair up by name: the same type is the same name.
+        let mut t = 0;
+        while t < old.types.len() {
+            let mut u = 0;
+            while u < new.types.len() {
+                if str_eq(old.types[t].name, new.types[u].name)
+                    && let Some(problem) = first_problem(old.types[t], new.types[u])
+                {
+                    return Some(problem);
+                }
+                u += 1;
+            }
+            t += 1;
+        }
+        i += 1;
+    }
+    let mut j = 0;
+    while j < actual.len() {
+        let new = &actual[j];
+        if find_field(recorded, new.name).is_none() && !new.tolerant() {
+            return Some(Problem::new(
+                Change::NewRequiredField,
+                ty,
+                variant,
+                new.name,
+            ));
+        }
+        j += 1;
+    }
+    None
+}
+
+/// The first incompatible change from `recorded` to `actual`, if any.
+pub const fn first_problem<'a>(
+    recorded: &TypeShape<'a>,
+    actual: &TypeShape<'a>,
+) -> Option<Problem<'a>> {
+    let ty = actual.name;
+    if !matches!(
+        (recorded.kind, actual.kind),
+        (Kind::Struct, Kind::Struct)
+            | (Kind::Tuple, Kind::Tuple)
+            | (Kind::Unit, Kind::Unit)
+            | (Kind::Enum, Kind::Enum)
+    ) {
+        let problem = Problem::new(Change::KindChanged, ty, "", ty);
+        return Some(problem.between(recorded.kind.as_str(), actual.kind.as_str()));
+    }
+    if !str_eq(recorded.rename_all, actual.rename_all) {
+        let problem = Problem::new(Change::RenameAllChanged, ty, "", ty);
+        return Some(problem.between(recorded.rename_all, actual.rename_all));
+    }
+    if !str_eq(recorded.repr, actual.repr) {
+        let problem = Problem::new(Change::ReprChanged, ty, "", ty);
+        return Some(problem.between(recorded.repr, actual.repr));
+    }
+    if let Some(problem) = fields_problem(ty, "", recorded.fields, actual.fields) {
+        return Some(problem);
+    }
+    let mut i = 0;
+    while i < recorded.variants.len() {
+        let old = &recorded.variants[i];
+        let mut found = None;
+        let mut j = 0;
+        while j < actual.variants.len() {
+            if str_eq(actual.variants[j].name, old.name) {
+                found = Some(&actual.variants[j]);
+            }
+            j += 1;
+        }
+        let Some(new) = found else {
+            return Some(Problem::new(Change::VariantRemoved, ty, "", old.name));
+        };
+        if !matches!(
+            (old.kind, new.kind),
+            (Kind::Struct, Kind::Struct) | (Kind::Tuple, Kind::Tuple) | (Kind::Unit, Kind::Unit)
+        ) {
+            let problem = Problem::new(Change::VariantKindChanged, ty, "", old.name);
+            return Some(problem.between(old.kind.as_str(), new.kind.as_str()));
+        }
+        if let Some(problem) = fields_problem(ty, old.name, old.fields, new.fields) {
+            return Some(problem);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Room for one message built in a constant.
+const MESSAGE_CAPACITY: usize = 1024;
+
+/// A message assembled in a constant, where `format!` is not available.
+/// Text beyond its capacity is dropped.
+#[derive(Debug, Clone, Copy)]
+pub struct Message {
+    bytes: [u8; MESSAGE_CAPACITY],
+    len: usize,
+}
+
+impl Default for Message {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Message {
+    /// An empty message.
+    pub const fn new() -> Self {
+        Self {
+            bytes: [0; MESSAGE_CAPACITY],
+            len: 0,
+        }
+    }
+
+    /// Appends `text` if it fits whole.
+    pub const fn push(mut self, text: &str) -> Self {
+        let text = text.as_bytes();
+        if self.len + text.len() > MESSAGE_CAPACITY {
+            return self;
+        }
+        let mut i = 0;
+        while i < text.len() {
+            self.bytes[self.len] = text[i];
+            self.len += 1;
+            i += 1;
+        }
+        self
+    }
+
+    /// Appends `` `text` ``.
+    pub const fn code(self, text: &str) -> Self {
+        self.push("`").push(text).push("`")
+    }
+
+    /// The text so far.
+    pub const fn as_str(&self) -> &str {
+        let (text, _) = self.bytes.split_at(self.len);
+        match core::str::from_utf8(text) {
+            Ok(text) => text,
+            Err(_) => "",
+        }
+    }
+
+    /// Appends what `problem` changed, like "field `cents` changed type from
+    /// `i64` to `u64`". The location (payload type, variant) is not included.
+    pub const fn describe(self, problem: &Problem<'_>) -> Self {
+        let item = problem.item;
+        match problem.change {
+            Change::FieldRemoved => self.push("field ").code(item).push(" was removed"),
+            Change::FieldRenamed => self
+                .push("field ")
+                .code(problem.from)
+                .push(" was renamed to ")
+                .code(problem.to),
+            Change::TypeChanged => self
+                .push("field ")
+                .code(item)
+                .push(" changed type from ")
+                .code(problem.from)
+                .push(" to ")
+                .code(problem.to),
+            Change::MadeRequired => self
+                .push("field ")
+                .code(item)
+                .push(" lost `#[serde(default)]`, so payloads without it no longer decode"),
+            Change::FlattenChanged if problem.to.is_empty() => self
+                .push("field ")
+                .code(item)
+                .push(" is no longer `#[serde(flatten)]`"),
+            Change::FlattenChanged => self
+                .push("field ")
+                .code(item)
+                .push(" is now `#[serde(flatten)]`"),
+            Change::NewRequiredField => self.push("new field ").code(item).push(
+                " is required (neither `Option<_>` nor `#[serde(default)]`), so recorded \
+                     payloads without it do not decode",
+            ),
+            Change::RenameAllChanged => self
+                .push("`#[serde(rename_all)]` changed from ")
+                .rule(problem.from)
+                .push(" to ")
+                .rule(problem.to)
+                .push(", which renames every field on the wire"),
+            Change::ReprChanged => self
+                .push("the enum representation changed from ")
+                .code(problem.from)
+                .push(" to ")
+                .code(problem.to),
+            Change::KindChanged => self
+                .push("it changed from a ")
+                .push(problem.from)
+                .push(" to a ")
+                .push(problem.to),
+            Change::VariantRemoved => self
+                .push("variant ")
+                .code(item)
+                .push(" was removed or renamed"),
+            Change::VariantKindChanged => self
+                .push("variant ")
+                .code(item)
+                .push(" changed from a ")
+                .push(problem.from)
+                .push(" variant to a ")
+                .push(problem.to)
+                .push(" variant"),
+        }
+    }
+
+    /// Appends the way to keep the old shape instead of bumping the version.
+    pub const fn hint(self, problem: &Problem<'_>) -> Self {
+        match problem.change {
+            Change::FieldRemoved => self.push("or keep the field"),
+            Change::FieldRenamed => self
+                .push("or keep the old name with `#[serde(rename = \"")
+                .push(problem.from)
+                .push("\")]`"),
+            Change::TypeChanged => self
+                .push("or keep ")
+                .code(problem.from)
+                .push(" and add the new data as an `Option<_>` field"),
+            Change::MadeRequired => self.push("or keep `#[serde(default)]`"),
+            Change::NewRequiredField => {
+                self.push("or make it additive: `Option<_>` or `#[serde(default)]`")
+            }
+            Change::RenameAllChanged => self.push("or keep the old rule"),
+            Change::VariantRemoved => self.push("or keep the variant"),
+            Change::FlattenChanged
+            | Change::ReprChanged
+            | Change::KindChanged
+            | Change::VariantKindChanged => self.push("or undo the change"),
+        }
+    }
+
+    /// Appends a `rename_all` rule, or "none".
+    const fn rule(self, rule: &str) -> Self {
+        if rule.is_empty() {
+            self.push("none")
+        } else {
+            self.code(rule)
+        }
+    }
+
+    /// Appends where in a payload type `problem` is, like "in `Money`, " or
+    /// "in `Payment::Card`, "; nothing for an event's own fields.
+    pub const fn location(self, problem: &Problem<'_>) -> Self {
+        if problem.ty.is_empty() {
+            return self;
+        }
+        let message = self.push("in `").push(problem.ty);
+        let message = if problem.variant.is_empty() {
+            message
+        } else {
+            message.push("::").push(problem.variant)
+        };
+        message.push("`, ")
+    }
+}
+
+/// What a payload type nested in an event changed incompatibly since its
+/// recorded shape, as a message: `prefix`, where and what changed, `fix` and
+/// the way to keep the old shape. The code `#[derive(DomainEvent)]`
+/// generates panics with it (a compile error, in a constant) at the field.
+pub const fn nested_mismatch(
+    recorded: &TypeShape<'_>,
+    actual: &TypeShape<'_>,
+    prefix: &str,
+    fix: &str,
+) -> Option<Message> {
+    match first_problem(recorded, actual) {
+        Some(problem) => Some(
+            Message::new()
+                .push(prefix)
+                .location(&problem)
+                .describe(&problem)
+                .push(fix)
+                .hint(&problem),
+        ),
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn field(name: &'static str, ty: &'static str) -> FieldShape<'static> {
+        FieldShape {
+            name,
+            rust_name: name,
+            ty,
+            optional: false,
+            default: false,
+            flatten: false,
+            types: &[],
+        }
+    }
+
+    const fn optional(name: &'static str, ty: &'static str) -> FieldShape<'static> {
+        FieldShape {
+            optional: true,
+            ..field(name, ty)
+        }
+    }
+
+    fn shape<'a>(fields: &'a [FieldShape<'a>]) -> TypeShape<'a> {
+        TypeShape {
+            name: "Money",
+            kind: Kind::Struct,
+            rename_all: "",
+            repr: "",
+            fields,
+            variants: &[],
+        }
+    }
+
+    fn message(recorded: &TypeShape<'_>, actual: &TypeShape<'_>) -> Option<String> {
+        first_problem(recorded, actual).map(|problem| {
+            Message::new()
+                .location(&problem)
+                .describe(&problem)
+                .as_str()
+                .to_owned()
+        })
+    }
+
+    const CENTS: FieldShape<'static> = field("cents", "i64");
+
+    #[test]
+    fn the_same_shape_and_additive_changes_are_compatible() {
+        let recorded = [CENTS];
+        assert_eq!(message(&shape(&recorded), &shape(&recorded)), None);
+        let added = [CENTS, optional("currency", "Option<String>")];
+        assert_eq!(message(&shape(&recorded), &shape(&added)), None);
+        let defaulted = [
+            CENTS,
+            FieldShape {
+                default: true,
+                ..field("scale", "u8")
+            },
+        ];
+        assert_eq!(message(&shape(&recorded), &shape(&defaulted)), None);
+        // Field order is not part of a JSON object.
+        let reordered = [field("b", "i64"), field("a", "i64")];
+        let original = [field("a", "i64"), field("b", "i64")];
+        assert_eq!(message(&shape(&original), &shape(&reordered)), None);
+    }
+
+    #[test]
+    fn removed_retyped_and_new_required_fields_are_not() {
+        let recorded = [CENTS, optional("note", "Option<String>")];
+        let cases: [(&[FieldShape<'_>], &str); 4] = [
+            (&[CENTS], "in `Money`, field `note` was removed"),
+            (
+                &[field("cents", "u64"), optional("note", "Option<String>")],
+                "in `Money`, field `cents` changed type from `i64` to `u64`",
+            ),
+            (
+                &[CENTS, field("note", "String")],
+                "in `Money`, field `note` changed type from `Option<String>` to `String`",
+            ),
+            (
+                &[
+                    CENTS,
+                    optional("note", "Option<String>"),
+                    field("currency", "String"),
+                ],
+                "in `Money`, new field `currency` is required (neither `Option<_>` nor \
+                 `#[serde(default)]`), so recorded payloads without it do not decode",
+            ),
+        ];
+        for (actual, expected) in cases {
+            let got = message(&shape(&recorded), &shape(actual));
+            assert_eq!(got.as_deref(), Some(expected));
+        }
+    }
+
+    #[test]
+    fn losing_a_default_makes_a_field_required() {
+        let recorded = [FieldShape {
+            default: true,
+            ..CENTS
+        }];
+        let got = message(&shape(&recorded), &shape(&[CENTS])).unwrap();
+        assert!(got.contains("lost `#[serde(default)]`"), "{got}");
+    }
+
+    #[test]
+    fn nested_types_are_compared_through_fields() {
+        let old_inner = shape(&[CENTS]);
+        let new_fields = [field("cents", "String")];
+        let new_inner = shape(&new_fields);
+        let old_types = [&old_inner];
+        let new_types = [&new_inner];
+        let outer = |types| TypeShape {
+            name: "Line",
+            fields: std::slice::from_ref(Box::leak(Box::new(FieldShape {
+                types,
+                ..field("price", "Money")
+            }))),
+            ..shape(&[])
+        };
+        assert_eq!(
+            message(&outer(&old_types), &outer(&new_types)).as_deref(),
+            Some("in `Money`, field `cents` changed type from `i64` to `String`")
+        );
+    }
+
+    #[test]
+    fn enum_variants_may_be_added_but_not_removed_or_reshaped() {
+        let variant = |name, kind, fields| VariantShape {
+            name,
+            rust_name: name,
+            kind,
+            fields,
+        };
+        let enum_of = |variants| TypeShape {
+            name: "Payment",
+            kind: Kind::Enum,
+            repr: "external",
+            variants,
+            ..shape(&[])
+        };
+        let iban = [field("iban", "String")];
+        let recorded = [
+            variant("Card", Kind::Unit, &[]),
+            variant("Transfer", Kind::Struct, &iban),
+        ];
+        let added = [
+            variant("Card", Kind::Unit, &[]),
+            variant("Transfer", Kind::Struct, &iban),
+            variant("Cash", Kind::Unit, &[]),
+        ];
+        assert_eq!(message(&enum_of(&recorded), &enum_of(&added)), None);
+        let removed = [variant("Transfer", Kind::Struct, &iban)];
+        assert_eq!(
+            message(&enum_of(&recorded), &enum_of(&removed)).as_deref(),
+            Some("in `Payment`, variant `Card` was removed or renamed")
+        );
+        let numeric_iban = [field("iban", "u64")];
+        let retyped = [
+            variant("Card", Kind::Unit, &[]),
+            variant("Transfer", Kind::Struct, &numeric_iban),
+        ];
+        assert_eq!(
+            message(&enum_of(&recorded), &enum_of(&retyped)).as_deref(),
+            Some("in `Payment::Transfer`, field `iban` changed type from `String` to `u64`")
+        );
+        let internally_tagged = TypeShape {
+            repr: "internal(type)",
+            ..enum_of(&recorded)
+        };
+        assert!(
+            message(&enum_of(&recorded), &internally_tagged)
+                .unwrap()
+                .contains("representation changed")
+        );
+    }
+
+    #[test]
+    fn a_changed_rename_all_is_reported_once() {
+        let recorded = TypeShape {
+            rename_all: "camelCase",
+            ..shape(&[])
+        };
+        assert_eq!(
+            message(&recorded, &shape(&[])).as_deref(),
+            Some(
+                "in `Money`, `#[serde(rename_all)]` changed from `camelCase` to none, which \
+                 renames every field on the wire"
+            )
+        );
+    }
+
+    #[test]
+    fn messages_are_cut_at_their_capacity_not_mid_text() {
+        let long = "x".repeat(MESSAGE_CAPACITY);
+        let message = Message::new().push("start ").push(&long);
+        assert_eq!(message.as_str(), "start ");
+    }
+}

@@ -1,0 +1,331 @@
+//! Normalized type names for the schema description, and which types inside
+//! a field's type are payload types of their own.
+//!
+//! Paths are reduced to their last segment and lifetimes dropped, so
+//! `std::string::String`, `::std::string::String` and `String` read the same,
+//! as do `&'a str` and `&str`.
+//!
+//! A field's type is read as serde writes it: well-known leaves ([`LEAVES`])
+//! are compared by name, well-known containers ([`CONTAINERS`]) by name and
+//! by what they contain, and every other named type is a payload type whose
+//! own shape is recorded and compared (it derives `EventPayload`).
+
+use quote::ToTokens;
+use syn::{GenericArgument, PathArguments, Type};
+
+/// The normalized spelling of `ty`.
+pub fn normalize(ty: &Type) -> String {
+    match ty {
+        Type::Path(path) if path.qself.is_none() => match path.path.segments.last() {
+            Some(last) => {
+                let mut name = last.ident.to_string();
+                if let PathArguments::AngleBracketed(args) = &last.arguments {
+                    let args: Vec<String> = args
+                        .args
+                        .iter()
+                        .filter_map(|arg| match arg {
+                            GenericArgument::Type(ty) => Some(normalize(ty)),
+                            GenericArgument::Const(expr) => Some(compact(expr)),
+                            GenericArgument::Lifetime(_) => None,
+                            other => Some(compact(other)),
+                        })
+                        .collect();
+                    if !args.is_empty() {
+                        name.push('<');
+                        name.push_str(&args.join(", "));
+                        name.push('>');
+                    }
+                }
+                name
+            }
+            None => compact(ty),
+        },
+        Type::Reference(reference) => format!("&{}", normalize(&reference.elem)),
+        Type::Slice(slice) => format!("[{}]", normalize(&slice.elem)),
+        Type::Array(array) => format!("[{}; {}]", normalize(&array.elem), compact(&array.len)),
+        Type::Tuple(tuple) => {
+            let elems: Vec<String> = tuple.elems.iter().map(normalize).collect();
+            if elems.len() == 1 {
+                format!("({},)", elems[0])
+            } else {
+                format!("({})", elems.join(", "))
+            }
+        }
+        Type::Paren(paren) => normalize(&paren.elem),
+        Type::Group(group) => normalize(&group.elem),
+        other => compact(other),
+    }
+}
+
+/// The inner type of `Option<T>` (under any path), if `ty` is one.
+pub fn option_inner(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    if last.ident != "Option" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    match args.args.first() {
+        Some(GenericArgument::Type(inner)) if args.args.len() == 1 => Some(inner),
+        _ => None,
+    }
+}
+
+/// Types serde writes as a single value, compared by name only. A crate's own
+/// type with one of these names is taken for the well-known one.
+pub const LEAVES: &[&str] = &[
+    "bool",
+    "char",
+    "str",
+    "String",
+    "i8",
+    "i16",
+    "i32",
+    "i64",
+    "i128",
+    "isize",
+    "u8",
+    "u16",
+    "u32",
+    "u64",
+    "u128",
+    "usize",
+    "f32",
+    "f64",
+    "NonZeroI8",
+    "NonZeroI16",
+    "NonZeroI32",
+    "NonZeroI64",
+    "NonZeroI128",
+    "NonZeroIsize",
+    "NonZeroU8",
+    "NonZeroU16",
+    "NonZeroU32",
+    "NonZeroU64",
+    "NonZeroU128",
+    "NonZeroUsize",
+    "NonZero",
+    "PhantomData",
+    "Duration",
+    "SystemTime",
+    "IpAddr",
+    "Ipv4Addr",
+    "Ipv6Addr",
+    "SocketAddr",
+    "SocketAddrV4",
+    "SocketAddrV6",
+    "PathBuf",
+    "Path",
+    "OsString",
+    "OsStr",
+    "CString",
+    "CStr",
+    // chrono, time, jiff
+    "DateTime",
+    "NaiveDate",
+    "NaiveDateTime",
+    "NaiveTime",
+    "Utc",
+    "FixedOffset",
+    "Local",
+    "TimeDelta",
+    "Weekday",
+    "Month",
+    "OffsetDateTime",
+    "PrimitiveDateTime",
+    "UtcDateTime",
+    "Date",
+    "Time",
+    "Timestamp",
+    "Zoned",
+    // uuid, rust_decimal, bigdecimal, serde_json, url, bytes, serde_bytes, ulid, semver
+    "Uuid",
+    "Decimal",
+    "BigDecimal",
+    "Value",
+    "Number",
+    "RawValue",
+    "Url",
+    "Bytes",
+    "ByteBuf",
+    "ByteArray",
+    "Ulid",
+];
+
+/// Types serde writes as what they contain: compared by name and by their
+/// type arguments.
+pub const CONTAINERS: &[&str] = &[
+    "Option",
+    "Vec",
+    "VecDeque",
+    "LinkedList",
+    "BinaryHeap",
+    "HashSet",
+    "BTreeSet",
+    "IndexSet",
+    "HashMap",
+    "BTreeMap",
+    "IndexMap",
+    "Map",
+    "Box",
+    "Rc",
+    "Arc",
+    "Cow",
+    "Cell",
+    "RefCell",
+    "Mutex",
+    "RwLock",
+    "Reverse",
+    "Wrapping",
+    "Saturating",
+    "Result",
+    "Bound",
+    "Range",
+    "RangeInclusive",
+    "SmallVec",
+    "ArrayVec",
+];
+
+/// The payload types inside `ty`, in the order they appear: the named types
+/// that are neither [`LEAVES`], [`CONTAINERS`] nor one of `generic_params`
+/// (the event's own type parameters, compared by name).
+pub fn payload_types<'t>(ty: &'t Type, generic_params: &[String]) -> Vec<&'t Type> {
+    let mut found = Vec::new();
+    collect_payload_types(ty, generic_params, &mut found);
+    found
+}
+
+fn collect_payload_types<'t>(ty: &'t Type, generic_params: &[String], found: &mut Vec<&'t Type>) {
+    match ty {
+        Type::Path(path) if path.qself.is_none() => {
+            let Some(last) = path.path.segments.last() else {
+                return;
+            };
+            let name = last.ident.to_string();
+            let generic = path.path.segments.len() == 1 && generic_params.contains(&name);
+            if generic || name == "Self" || LEAVES.contains(&name.as_str()) {
+                return;
+            }
+            if !CONTAINERS.contains(&name.as_str()) {
+                found.push(ty);
+                return;
+            }
+            if let PathArguments::AngleBracketed(args) = &last.arguments {
+                for arg in &args.args {
+                    if let GenericArgument::Type(inner) = arg {
+                        collect_payload_types(inner, generic_params, found);
+                    }
+                }
+            }
+        }
+        Type::Reference(reference) => collect_payload_types(&reference.elem, generic_params, found),
+        Type::Slice(slice) => collect_payload_types(&slice.elem, generic_params, found),
+        Type::Array(array) => collect_payload_types(&array.elem, generic_params, found),
+        Type::Paren(paren) => collect_payload_types(&paren.elem, generic_params, found),
+        Type::Group(group) => collect_payload_types(&group.elem, generic_params, found),
+        Type::Tuple(tuple) => {
+            for elem in &tuple.elems {
+                collect_payload_types(elem, generic_params, found);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The name a payload type is recorded under: its last path segment,
+/// without type arguments or `r#`.
+pub fn payload_name(ty: &Type) -> String {
+    match ty {
+        Type::Path(path) => path
+            .path
+            .segments
+            .last()
+            .map(|last| {
+                let name = last.ident.to_string();
+                name.strip_prefix("r#").map(str::to_owned).unwrap_or(name)
+            })
+            .unwrap_or_else(|| compact(ty)),
+        _ => compact(ty),
+    }
+}
+
+/// The payload types named in a recorded, normalized type such as
+/// `Vec<Money>` (see [`normalize`]); empty if it does not parse.
+pub fn payload_names_in(normalized: &str, generic_params: &[String]) -> Vec<String> {
+    match syn::parse_str::<Type>(normalized) {
+        Ok(ty) => payload_types(&ty, generic_params)
+            .into_iter()
+            .map(payload_name)
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn compact<T: ToTokens>(tokens: &T) -> String {
+    tokens.to_token_stream().to_string().replace(' ', "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(source: &str) -> String {
+        normalize(&syn::parse_str::<Type>(source).unwrap())
+    }
+
+    #[test]
+    fn paths_reduce_to_their_last_segment() {
+        assert_eq!(norm("std::string::String"), "String");
+        assert_eq!(norm("::std::vec::Vec<std::string::String>"), "Vec<String>");
+        assert_eq!(
+            norm("std::collections::HashMap<String, Vec<crate::money::Money>>"),
+            "HashMap<String, Vec<Money>>"
+        );
+        assert_eq!(norm("chrono::DateTime<chrono::Utc>"), "DateTime<Utc>");
+    }
+
+    #[test]
+    fn lifetimes_and_grouping_are_dropped() {
+        assert_eq!(norm("&'a str"), "&str");
+        assert_eq!(norm("Cow<'a, str>"), "Cow<str>");
+        assert_eq!(norm("(i64, String)"), "(i64, String)");
+        assert_eq!(norm("[u8; 16]"), "[u8; 16]");
+    }
+
+    fn payloads(source: &str) -> Vec<String> {
+        let ty = syn::parse_str::<Type>(source).unwrap();
+        payload_types(&ty, &["T".to_owned()])
+            .into_iter()
+            .map(payload_name)
+            .collect()
+    }
+
+    #[test]
+    fn finds_payload_types_inside_containers_but_not_leaves() {
+        assert_eq!(payloads("String"), Vec::<String>::new());
+        assert_eq!(
+            payloads("chrono::DateTime<chrono::Utc>"),
+            Vec::<String>::new()
+        );
+        assert_eq!(payloads("crate::money::Money"), ["Money"]);
+        assert_eq!(
+            payloads("std::collections::HashMap<Sku, Vec<Option<Box<Line>>>>"),
+            ["Sku", "Line"]
+        );
+        assert_eq!(payloads("(Money, &'a [Line; 2], T)"), ["Money", "Line"]);
+        assert_eq!(payloads("Vec<T>"), Vec::<String>::new());
+        assert_eq!(
+            payload_names_in("HashMap<Sku, Vec<Line>>", &[]),
+            ["Sku", "Line"]
+        );
+    }
+
+    #[test]
+    fn options_are_recognized_under_any_path() {
+        let ty: Type = syn::parse_str("std::option::Option<i64>").unwrap();
+        assert_eq!(norm("i64"), normalize(option_inner(&ty).unwrap()));
+        assert!(option_inner(&syn::parse_str::<Type>("Vec<i64>").unwrap()).is_none());
+    }
+}
