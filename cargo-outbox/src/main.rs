@@ -46,7 +46,12 @@ struct LockArgs {
 }
 
 fn main() -> ExitCode {
-    let Cargo::Outbox(Command::Lock(args)) = Cargo::parse();
+    // cargo runs `cargo-outbox outbox lock ..`; accept `cargo-outbox lock ..` too.
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|arg| arg != "outbox") {
+        argv.insert(1, "outbox".into());
+    }
+    let Cargo::Outbox(Command::Lock(args)) = Cargo::parse_from(argv);
     match lock(&args) {
         Ok(code) => code,
         Err(error) => {
@@ -67,6 +72,19 @@ fn lock(args: &LockArgs) -> anyhow::Result<ExitCode> {
     };
     let lock = Lock::read(&path)?.unwrap_or_default();
     let sources = sources::scan(&crate_dir, &args.sources)?;
+    if sources.events.is_empty() && lock.events.is_empty() {
+        let dirs: Vec<String> = args
+            .sources
+            .iter()
+            .map(|dir| dir.display().to_string())
+            .collect();
+        println!(
+            "no #[derive(DomainEvent)] in {} of {}: nothing to record",
+            dirs.join(", "),
+            crate_dir.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let outcome = record::record(&sources, &lock, &lock_name);
 
     for note in &outcome.notes {

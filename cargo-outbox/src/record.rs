@@ -164,8 +164,8 @@ fn nested_types(
                          checked"
                     )),
                     None => outcome.notes.push(format!(
-                        "`{name}`, used by {used_by}, is not defined in this crate: it is \
-                         compared by name only"
+                        "`{name}`, used by {used_by}, is not defined in this crate: its shape is \
+                         not recorded, so it is compared by name only"
                     )),
                 }
                 continue;
@@ -282,4 +282,114 @@ fn leak_shape(
     };
     path.pop();
     Some(Box::leak(Box::new(shape)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn sources(text: &str) -> Sources {
+        let mut sources = Sources::default();
+        sources.add_file(Path::new("src/lib.rs"), text).unwrap();
+        sources
+    }
+
+    fn record_text(lock: &Lock, text: &str) -> Outcome {
+        record(&sources(text), lock, "outbox.lock")
+    }
+
+    const V1: &str = r#"
+        #[derive(EventPayload)]
+        #[serde(tag = "kind")]
+        enum Payment { Card { last4: String }, Cash }
+
+        #[derive(EventPayload)]
+        struct Line { sku: String, payment: Payment }
+
+        #[derive(DomainEvent)]
+        #[domain_event(aggregate = "Order", version = 1)]
+        struct OrderPlaced { order_id: i64, lines: Vec<Line>, at: chrono::DateTime<chrono::Utc> }
+    "#;
+
+    #[test]
+    fn records_events_with_every_nested_payload_type() {
+        let outcome = record_text(&Lock::default(), V1);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert_eq!(outcome.changes, ["recorded new `OrderPlaced` version 1"]);
+        let entry = outcome.lock.entry("OrderPlaced", 1).unwrap();
+        let types: Vec<&str> = entry.types.keys().map(String::as_str).collect();
+        assert_eq!(types, ["Line", "Payment"]);
+        assert_eq!(
+            entry.types["Payment"].repr.as_deref(),
+            Some("internal(kind)")
+        );
+        assert_eq!(entry.fields[2].ty, "DateTime<Utc>");
+
+        // Recording again changes nothing.
+        let again = record_text(&outcome.lock, V1);
+        assert!(again.changes.is_empty() && again.errors.is_empty());
+        assert_eq!(again.lock, outcome.lock);
+    }
+
+    #[test]
+    fn records_additive_changes_and_refuses_breaking_ones() {
+        let v1 = record_text(&Lock::default(), V1).lock;
+        let additive = V1
+            .replace("Cash }", "Cash, Voucher(String) }")
+            .replace("sku: String,", "sku: String, note: Option<String>,");
+        let outcome = record_text(&v1, &additive);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert_eq!(
+            outcome.changes,
+            ["recorded additive changes of `OrderPlaced` version 1"]
+        );
+        let line = &outcome.lock.entry("OrderPlaced", 1).unwrap().types["Line"];
+        assert_eq!(line.fields[1].name, "note");
+
+        let breaking = V1.replace("Card { last4: String }, ", "");
+        let outcome = record_text(&v1, &breaking);
+        assert_eq!(outcome.lock, v1, "nothing is recorded");
+        assert_eq!(
+            outcome.errors,
+            [
+                "src/lib.rs:11: `OrderPlaced` version 1 no longer matches outbox.lock through field \
+              `lines`: in `Payment`, variant `Card` was removed or renamed; bump to `version = 2` \
+              and run `cargo outbox lock`, or keep the variant"
+            ]
+        );
+    }
+
+    #[test]
+    fn reports_duplicates_missing_derives_and_external_types() {
+        let text = r#"
+            struct Money { cents: i64 }
+
+            #[derive(DomainEvent)]
+            #[domain_event(aggregate = "Order", version = 1)]
+            struct OrderPaid { amount: Money, receipt: other::Receipt }
+
+            #[derive(DomainEvent)]
+            #[domain_event(aggregate = "Order", version = 1, name = "OrderPaid")]
+            struct OrderPaidAgain { order_id: i64 }
+        "#;
+        let outcome = record_text(&Lock::default(), text);
+        assert_eq!(
+            outcome.errors,
+            [
+                "src/lib.rs:2: `Money` is nested in event payloads but does not derive \
+                 EventPayload; add #[derive(EventPayload)] so its shape is recorded and checked",
+                "src/lib.rs:10: `OrderPaid` version 1 is also declared at src/lib.rs:6; each \
+                 event version has one struct",
+            ]
+        );
+        assert_eq!(
+            outcome.notes,
+            [
+                "`Receipt`, used by field `receipt` of `OrderPaid` version 1 (src/lib.rs:6), is not \
+              defined in this crate: its shape is not recorded, so it is compared by name only"
+            ]
+        );
+    }
 }

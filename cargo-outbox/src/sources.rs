@@ -46,8 +46,16 @@ pub fn scan(crate_dir: &Path, dirs: &[PathBuf]) -> anyhow::Result<Sources> {
     for path in files {
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
-        let file = path.strip_prefix(crate_dir).unwrap_or(&path).to_owned();
-        let syntax = syn::parse_file(&text).map_err(|error| {
+        let file = path.strip_prefix(crate_dir).unwrap_or(&path);
+        sources.add_file(file, &text)?;
+    }
+    Ok(sources)
+}
+
+impl Sources {
+    /// Adds the items of the source file `file` (as messages name it).
+    pub fn add_file(&mut self, file: &Path, text: &str) -> anyhow::Result<()> {
+        let syntax = syn::parse_file(text).map_err(|error| {
             let start = error.span().start();
             anyhow::anyhow!(
                 "cannot parse {}:{}:{}: {error}; fix the syntax error first",
@@ -57,12 +65,12 @@ pub fn scan(crate_dir: &Path, dirs: &[PathBuf]) -> anyhow::Result<Sources> {
             )
         })?;
         let mut visitor = Collector {
-            file: &file,
-            sources: &mut sources,
+            file,
+            sources: self,
         };
         visitor.visit_file(&syntax);
+        Ok(())
     }
-    Ok(sources)
 }
 
 fn collect_rs_files(dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {

@@ -12,8 +12,11 @@ use crate::ctxt::Ctxt;
 
 /// `#[domain_event(aggregate = "..", version = N, name = "..")]`, checked.
 pub struct EventAttrs {
+    /// The aggregate type.
     pub aggregate: String,
+    /// The payload version, at least 1.
     pub version: u32,
+    /// The event type: `name = ".."`, else the struct name.
     pub name: String,
     /// Where `aggregate = ".."` is written, for errors about the aggregate.
     pub aggregate_span: Span,
@@ -325,15 +328,19 @@ impl FieldAttrs {
 /// The serde attributes of a struct or enum that change the payload's shape.
 #[derive(Default)]
 pub struct SerdeContainer {
+    /// `rename_all = ".."`, if serde knows the rule.
     pub rename_all: Option<RenameRule>,
     /// Where `rename_all` is written, for errors about a changed rule.
     pub rename_all_span: Option<Span>,
+    /// `default` on the container: a reader fills in every missing field.
     pub default: bool,
+    /// Where `transparent` is written, if it is.
     pub transparent: Option<Span>,
     /// `tag = ".."` of an internally or adjacently tagged enum.
     pub tag: Option<String>,
     /// `content = ".."` of an adjacently tagged enum.
     pub content: Option<String>,
+    /// `untagged` on an enum.
     pub untagged: bool,
 }
 
@@ -372,9 +379,13 @@ impl SerdeContainer {
 /// payload's shape.
 #[derive(Default)]
 pub struct SerdeField {
+    /// The serialized name from `rename`.
     pub rename: Option<String>,
+    /// `default`: a reader fills the field in when missing.
     pub default: bool,
+    /// `skip` or `skip_serializing`: serde never writes it.
     pub skip_serializing: bool,
+    /// `flatten`: its fields appear inline.
     pub flatten: bool,
     /// `rename_all` on an enum variant, for the fields of a struct variant.
     pub rename_all: Option<RenameRule>,

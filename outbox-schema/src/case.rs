@@ -3,13 +3,21 @@
 /// A `#[serde(rename_all = "..")]` rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenameRule {
+    /// `lowercase`
     Lower,
+    /// `UPPERCASE`
     Upper,
+    /// `PascalCase`
     Pascal,
+    /// `camelCase`
     Camel,
+    /// `snake_case`
     Snake,
+    /// `SCREAMING_SNAKE_CASE`
     ScreamingSnake,
+    /// `kebab-case`
     Kebab,
+    /// `SCREAMING-KEBAB-CASE`
     ScreamingKebab,
 }
 

@@ -15,20 +15,31 @@ use crate::ty;
 
 /// An event struct, checked.
 pub struct Event<'a> {
+    /// The type's name.
     pub ident: &'a Ident,
+    /// The struct's generics, kept on the impl.
     pub generics: &'a Generics,
+    /// `#[domain_event(..)]`, checked.
     pub attrs: EventAttrs,
+    /// The container's serde attributes.
     pub serde: SerdeContainer,
+    /// The serialized fields.
     pub fields: Vec<Field<'a>>,
 }
 
 /// A serialized field of the payload.
 pub struct Field<'a> {
+    /// The name serde writes.
     pub name: String,
+    /// The Rust name.
     pub rust_name: String,
+    /// The type as written.
     pub ty: &'a Type,
+    /// The type is an `Option`.
     pub optional: bool,
+    /// `#[serde(default)]` on the field or the container.
     pub default: bool,
+    /// `#[serde(flatten)]`.
     pub flatten: bool,
     /// `#[domain_event(opaque)]`: compared by type name only.
     pub opaque: bool,
@@ -201,8 +212,11 @@ impl<'a> Event<'a> {
 
 /// A payload type deriving `EventPayload`, checked.
 pub struct Payload<'a> {
+    /// The type's name.
     pub ident: &'a Ident,
+    /// Struct, tuple, unit or enum (for a variant: unit, tuple or struct).
     pub kind: Kind,
+    /// The container's serde attributes.
     pub serde: SerdeContainer,
     /// The fields of a struct.
     pub fields: Vec<Field<'a>>,
@@ -212,9 +226,13 @@ pub struct Payload<'a> {
 
 /// A serialized enum variant.
 pub struct Variant<'a> {
+    /// The name serde writes.
     pub name: String,
+    /// The Rust name.
     pub rust_name: String,
+    /// Struct, tuple, unit or enum (for a variant: unit, tuple or struct).
     pub kind: Kind,
+    /// The serialized fields.
     pub fields: Vec<Field<'a>>,
 }
 
@@ -346,5 +364,151 @@ impl<'a> Payload<'a> {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use syn::parse_quote;
+
+    use super::*;
+
+    fn payload(input: DeriveInput) -> TypeEntry {
+        let cx = Ctxt::default();
+        let entry = Payload::from_ast(&cx, &input).map(|payload| payload.entry());
+        cx.check().map_err(|errors| errors[0].to_string()).unwrap();
+        entry.unwrap()
+    }
+
+    #[test]
+    fn events_record_serialized_names_types_and_flags() {
+        let input: DeriveInput = parse_quote! {
+            #[domain_event(aggregate = "Order", version = 3, name = "order.placed")]
+            #[serde(rename_all = "camelCase")]
+            struct OrderPlaced {
+                order_id: i64,
+                #[serde(skip)]
+                cache: Vec<u8>,
+                #[serde(default)]
+                gift_note: String,
+                coupon: Option<std::string::String>,
+                #[domain_event(opaque)]
+                receipt: other::Receipt,
+            }
+        };
+        let cx = Ctxt::default();
+        let entry = Event::from_ast(&cx, &input).unwrap().entry();
+        assert!(cx.check().is_ok());
+        assert_eq!((entry.event.as_str(), entry.version), ("order.placed", 3));
+        assert_eq!(entry.rename_all.as_deref(), Some("camelCase"));
+        let fields: Vec<(&str, &str, &str, bool, bool, bool)> = entry
+            .fields
+            .iter()
+            .map(|f| {
+                (
+                    f.name.as_str(),
+                    f.rust_name(),
+                    f.ty.as_str(),
+                    f.optional,
+                    f.default,
+                    f.opaque,
+                )
+            })
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                ("orderId", "order_id", "i64", false, false, false),
+                ("giftNote", "gift_note", "String", false, true, false),
+                ("coupon", "coupon", "Option<String>", true, false, false),
+                ("receipt", "receipt", "Receipt", false, false, true),
+            ]
+        );
+    }
+
+    #[test]
+    fn enums_record_variants_as_serde_names_them() {
+        let entry = payload(parse_quote! {
+            #[serde(tag = "type", content = "data", rename_all = "snake_case")]
+            enum Payment {
+                Card { #[serde(rename = "lastFour")] last4: String },
+                #[serde(rename = "wire")]
+                BankTransfer(String, u32),
+                #[serde(skip)]
+                Internal,
+                GiftCard,
+            }
+        });
+        assert_eq!(entry.kind, Kind::Enum);
+        assert_eq!(entry.repr.as_deref(), Some("adjacent(type, data)"));
+        let variants: Vec<(&str, &str, Kind, usize)> = entry
+            .variants
+            .iter()
+            .map(|v| (v.name.as_str(), v.rust_name(), v.kind, v.fields.len()))
+            .collect();
+        assert_eq!(
+            variants,
+            [
+                ("card", "Card", Kind::Struct, 1),
+                ("wire", "BankTransfer", Kind::Tuple, 2),
+                ("gift_card", "GiftCard", Kind::Unit, 0),
+            ]
+        );
+        assert_eq!(entry.variants[0].fields[0].name, "lastFour");
+        assert_eq!(entry.variants[1].fields[1].name, "1");
+        let untagged = payload(parse_quote!(
+            #[serde(untagged)]
+            enum Id {
+                Number(i64),
+                Text(String),
+            }
+        ));
+        assert_eq!(untagged.repr.as_deref(), Some("untagged"));
+        let external = payload(parse_quote!(
+            enum Side {
+                Buy,
+                Sell,
+            }
+        ));
+        assert_eq!(external.repr.as_deref(), Some("external"));
+    }
+
+    #[test]
+    fn structs_record_their_kind() {
+        let newtype = payload(parse_quote!(
+            struct Sku(String);
+        ));
+        assert_eq!(
+            (newtype.kind, newtype.fields[0].ty.as_str()),
+            (Kind::Tuple, "String")
+        );
+        let unit = payload(parse_quote!(
+            struct Marker;
+        ));
+        assert_eq!((unit.kind, unit.fields.len()), (Kind::Unit, 0));
+        let transparent = payload(parse_quote!(
+            #[serde(transparent)]
+            struct Cents {
+                value: i64,
+            }
+        ));
+        assert_eq!(transparent.repr.as_deref(), Some("transparent"));
+    }
+
+    #[test]
+    fn payload_types_cannot_be_generic() {
+        let input: DeriveInput = parse_quote!(
+            struct Page<T> {
+                items: Vec<T>,
+            }
+        );
+        let cx = Ctxt::default();
+        let _ = Payload::from_ast(&cx, &input);
+        let errors = cx.check().unwrap_err();
+        assert!(
+            errors[0]
+                .to_string()
+                .starts_with("EventPayload cannot be derived for a generic type")
+        );
     }
 }
