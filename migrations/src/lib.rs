@@ -2,8 +2,9 @@
 //!
 //! The DDL lives in plain SQL files under `sql/<backend>/` (apply them with
 //! `psql`, `mariadb` or `sqlite3` if you do not use SeaORM); the migrations
-//! here run exactly those files. Add [`CreateOutbox`] to your own
-//! `sea-orm-migration` migrator, or run [`Migrator`] on its own:
+//! here run exactly those files. Add [`CreateOutbox`] and
+//! [`CreateRelayShards`] to your own `sea-orm-migration` migrator, or run
+//! [`Migrator`] on its own:
 //!
 //! ```no_run
 //! use outbox_migrations::Migrator;
@@ -16,6 +17,7 @@
 
 use sea_orm_migration::async_trait::async_trait;
 use sea_orm_migration::sea_orm::{ConnectionTrait, DbBackend};
+use sea_orm_migration::sea_query::IntoIden;
 use sea_orm_migration::{DbErr, MigrationName, MigrationTrait, MigratorTrait, SchemaManager};
 
 /// The DDL of one migration, per backend.
@@ -81,12 +83,40 @@ async fn run(manager: &SchemaManager<'_>, sql: &Sql) -> Result<(), DbErr> {
     Ok(())
 }
 
-/// Every outbox migration, in order.
+/// Creates the tables through which several relay instances share the
+/// work: shard leases with a fencing epoch, and live instances.
+pub struct CreateRelayShards;
+
+impl MigrationName for CreateRelayShards {
+    fn name(&self) -> &str {
+        "m20261129_000002_create_relay_shards"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for CreateRelayShards {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run(manager, &sql_files!("0002_relay_shards.up.sql")).await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run(manager, &sql_files!("0002_relay_shards.down.sql")).await
+    }
+}
+
+/// Every outbox migration, in order, tracked in its own table
+/// (`outbox_migrations`) so that the relay's `migrate` and the
+/// application's own migrator never trip over each other's history. The
+/// DDL is idempotent, so applying it through both is harmless.
 pub struct Migrator;
 
 #[async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(CreateOutbox)]
+        vec![Box::new(CreateOutbox), Box::new(CreateRelayShards)]
+    }
+
+    fn migration_table_name() -> sea_orm_migration::sea_orm::DynIden {
+        sea_orm_migration::sea_query::Alias::new("outbox_migrations").into_iden()
     }
 }

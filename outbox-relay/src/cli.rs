@@ -48,6 +48,9 @@ pub enum Command {
     Status(StatusArgs),
     /// Delete published rows older than the retention window, in small batches
     Cleanup(CleanupArgs),
+    /// Make dead-lettered rows pending again (all, or those selected), once
+    /// their cause is fixed
+    Retry(RetryArgs),
 }
 
 /// Where messages go.
@@ -102,9 +105,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub topic_replication_factor: Option<i32>,
 
-    /// How long the producer retries one message before reporting it failed [default: 30s]
-    #[arg(long, value_parser = parse_duration)]
-    pub message_timeout: Option<Duration>,
+    /// How long to wait for a batch's acknowledgements; past it, the
+    /// unacknowledged rows stay pending and the producer is replaced [default: 30s]
+    #[arg(long, env = "OUTBOX_SEND_TIMEOUT", value_parser = parse_duration)]
+    pub send_timeout: Option<Duration>,
 
     /// A librdkafka setting such as security.protocol=SASL_SSL (repeatable)
     #[arg(long = "kafka-option", short = 'X', value_name = "KEY=VALUE", value_parser = parse_key_value)]
@@ -129,6 +133,21 @@ pub struct RunArgs {
     /// Exit once no row is pending, instead of waiting for new ones
     #[arg(long)]
     pub drain: bool,
+
+    /// Shards the aggregates are spread over; relays on one database share
+    /// them, one owner per shard. Every relay of a database needs the same
+    /// number (PostgreSQL and MariaDB/MySQL) [default: 16]
+    #[arg(long, env = "OUTBOX_SHARDS")]
+    pub shards: Option<u32>,
+
+    /// How long a relay keeps its shards without renewing them: shards of a
+    /// relay that died are taken over after this long [default: 10s]
+    #[arg(long, env = "OUTBOX_LEASE", value_parser = parse_duration)]
+    pub lease: Option<Duration>,
+
+    /// This relay's name among the relays of the database [default: host-pid-random]
+    #[arg(long, env = "OUTBOX_INSTANCE_ID")]
+    pub instance_id: Option<String>,
 }
 
 /// Options of `status`.
@@ -149,6 +168,18 @@ pub struct CleanupArgs {
     /// Rows per DELETE statement [default: 1000]
     #[arg(long)]
     pub batch_size: Option<u64>,
+}
+
+/// Options of `retry`.
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// Re-drive only this event id (repeatable)
+    #[arg(long = "id", value_name = "EVENT_ID")]
+    pub ids: Vec<String>,
+
+    /// Re-drive only dead letters of this aggregate type
+    #[arg(long)]
+    pub aggregate_type: Option<String>,
 }
 
 /// Parses `500ms`, `30s`, `10m`, `7d`, ...

@@ -7,7 +7,7 @@ use anyhow::Context;
 use sea_orm::{ConnectOptions, Database};
 use sea_orm_migration::MigratorTrait;
 
-use crate::cli::{CleanupArgs, Cli, Command, SinkKind, StatusArgs};
+use crate::cli::{CleanupArgs, Cli, Command, RetryArgs, SinkKind, StatusArgs};
 use crate::config::{FileConfig, RunSettings, cleanup_retention, database_url};
 use crate::message::TopicTemplate;
 use crate::redact::redact_url;
@@ -26,12 +26,14 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate => migrate(&database_url(&cli.global, &file)).await,
         Command::Status(args) => status(&database_url(&cli.global, &file), &args).await,
         Command::Cleanup(args) => cleanup(&database_url(&cli.global, &file), &args, &file).await,
+        Command::Retry(args) => retry(&database_url(&cli.global, &file), &args).await,
     }
 }
 
 async fn run(settings: RunSettings) -> anyhow::Result<()> {
     let shutdown = Shutdown::on_signals().context("cannot install signal handlers")?;
-    let source = source::connect(&settings.database_url, settings.source).await?;
+    let source: Arc<dyn source::Source> =
+        Arc::from(source::connect(&settings.database_url, settings.source).await?);
     let sink: Arc<dyn Sink> = match settings.sink {
         SinkKind::Stdout => Arc::new(StdoutSink),
         SinkKind::Kafka => Arc::new(KafkaSink::connect(settings.kafka.clone()).await?),
@@ -44,13 +46,14 @@ async fn run(settings: RunSettings) -> anyhow::Result<()> {
         "relay started"
     );
     let relay = Relay::new(
-        Arc::from(source),
+        source.clone(),
         sink,
         TopicTemplate::new(settings.topic_template),
         settings.relay,
     );
-    relay.run(shutdown).await?;
-    Ok(())
+    let outcome = relay.run(shutdown).await;
+    source.close().await;
+    Ok(outcome?)
 }
 
 async fn migrate(url: &str) -> anyhow::Result<()> {
@@ -86,6 +89,25 @@ async fn status(url: &str, args: &StatusArgs) -> anyhow::Result<()> {
 }
 
 fn status_table(status: &Status) -> String {
+    let mut table = status_counts(status);
+    if !status.dead_letter_rows.is_empty() {
+        table.push_str("\ndead letters (oldest first; re-drive with `outbox-relay retry`):\n");
+        for row in &status.dead_letter_rows {
+            table.push_str(&format!(
+                "  {}  {}/{}  {}  attempts {}  {}\n",
+                row.id,
+                row.aggregate_type,
+                row.aggregate_id,
+                row.event_type,
+                row.attempts,
+                row.last_error.as_deref().unwrap_or("-")
+            ));
+        }
+    }
+    table
+}
+
+fn status_counts(status: &Status) -> String {
     let age = status
         .oldest_pending_age_seconds
         .map(|seconds| {
@@ -111,6 +133,15 @@ async fn cleanup(url: &str, args: &CleanupArgs, file: &FileConfig) -> anyhow::Re
     Ok(())
 }
 
+async fn retry(url: &str, args: &RetryArgs) -> anyhow::Result<()> {
+    let source = source::connect(url, SourceOptions::default()).await?;
+    let redriven = source
+        .redrive(&args.ids, args.aggregate_type.as_deref())
+        .await?;
+    eprintln!("{redriven} dead-lettered events are pending again");
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,10 +153,20 @@ mod tests {
             oldest_pending_age_seconds: Some(62.5),
             dead_letters: 1,
             published: 10,
+            dead_letter_rows: vec![crate::source::DeadLetter {
+                id: "e-1".into(),
+                aggregate_type: "Order".into(),
+                aggregate_id: "7".into(),
+                event_type: "OrderPlaced".into(),
+                attempts: 10,
+                last_error: Some("message too large".into()),
+            }],
         });
         assert_eq!(
             table,
-            "pending          3\noldest pending   1m 2s 500ms\ndead letters     1\npublished        10\n"
+            "pending          3\noldest pending   1m 2s 500ms\ndead letters     1\npublished        10\n\
+             \ndead letters (oldest first; re-drive with `outbox-relay retry`):\n  \
+             e-1  Order/7  OrderPlaced  attempts 10  message too large\n"
         );
     }
 }

@@ -13,6 +13,7 @@ use crate::message::DEFAULT_TOPIC_TEMPLATE;
 use crate::relay::{RelayOptions, Retention};
 use crate::sink::kafka::KafkaOptions;
 use crate::source::SourceOptions;
+use crate::source::shards::{ShardConfig, default_instance_id};
 
 /// The database of the embedded default.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://outbox.db";
@@ -31,12 +32,15 @@ pub struct FileConfig {
     create_topics: Option<bool>,
     topic_partitions: Option<i32>,
     topic_replication_factor: Option<i32>,
-    message_timeout: Option<String>,
+    send_timeout: Option<String>,
     delete_on_publish: Option<bool>,
     retention: Option<String>,
     cleanup_interval: Option<String>,
     cleanup: Option<bool>,
     cleanup_batch_size: Option<u64>,
+    shards: Option<u32>,
+    lease: Option<String>,
+    instance_id: Option<String>,
     #[serde(default)]
     kafka: BTreeMap<String, String>,
 }
@@ -120,10 +124,10 @@ impl RunSettings {
                 .duration("poll_interval", &file.poll_interval)?
                 .unwrap_or(default_poll),
         };
-        let message_timeout = match args.message_timeout {
+        let send_timeout = match args.send_timeout {
             Some(timeout) => timeout,
             None => file
-                .duration("message_timeout", &file.message_timeout)?
+                .duration("send_timeout", &file.send_timeout)?
                 .unwrap_or(Duration::from_secs(30)),
         };
         let delete_on_publish = args.delete_on_publish || file.delete_on_publish.unwrap_or(false);
@@ -151,6 +155,28 @@ impl RunSettings {
         } else {
             None
         };
+        let shards = args.shards.or(file.shards).unwrap_or(16);
+        if shards == 0 {
+            bail!("--shards must be at least 1");
+        }
+        let lease = match args.lease {
+            Some(lease) => lease,
+            None => file
+                .duration("lease", &file.lease)?
+                .unwrap_or(Duration::from_secs(10)),
+        };
+        // SQLite serves one relay per file: nothing to share.
+        let sharding = !database_url.starts_with("sqlite:");
+        let shard_config = sharding.then(|| ShardConfig {
+            count: shards,
+            lease,
+            instance: args
+                .instance_id
+                .clone()
+                .or_else(|| file.instance_id.clone())
+                .unwrap_or_else(default_instance_id),
+            batch_timeout: send_timeout + lease,
+        });
         let mut client_options: Vec<(String, String)> = file
             .kafka
             .iter()
@@ -172,21 +198,24 @@ impl RunSettings {
                     .topic_replication_factor
                     .or(file.topic_replication_factor)
                     .unwrap_or(defaults.topic_replication_factor),
-                message_timeout,
+                send_timeout,
                 client_options,
             },
             topic_template: args
                 .topic_template
                 .or_else(|| file.topic_template.clone())
                 .unwrap_or_else(|| DEFAULT_TOPIC_TEMPLATE.to_owned()),
-            source: SourceOptions { delete_on_publish },
+            source: SourceOptions {
+                delete_on_publish,
+                shards: shard_config,
+            },
             relay: RelayOptions {
                 batch_size,
                 poll_interval,
                 max_attempts,
                 drain: args.drain,
                 retention,
-                shutdown_timeout: message_timeout,
+                shutdown_timeout: send_timeout,
                 ..RelayOptions::default()
             },
         })
@@ -237,6 +266,10 @@ mod tests {
         assert_eq!(settings.topic_template, "outbox.event.{aggregatetype}");
         assert_eq!(settings.relay.poll_interval, Duration::from_millis(100));
         assert!(settings.kafka.create_topics);
+        assert!(
+            settings.source.shards.is_none(),
+            "one relay per SQLite file"
+        );
     }
 
     #[test]
@@ -262,6 +295,8 @@ mod tests {
         assert_eq!(settings.kafka.brokers, "file:9092");
         assert_eq!(settings.relay.batch_size, 7);
         assert_eq!(settings.relay.poll_interval, Duration::from_secs(2));
+        let shards = settings.source.shards.expect("PostgreSQL shares shards");
+        assert_eq!((shards.count, shards.lease), (16, Duration::from_secs(10)));
         assert!(!settings.kafka.create_topics);
         assert_eq!(
             settings.kafka.client_options,

@@ -5,18 +5,23 @@
 //! marked up to the first failure only: later ones stay pending and are sent
 //! again after it, so an aggregate's events are never published out of order
 //! by a retry.
+//!
+//! A failing aggregate cools down (exponential backoff of its own, up to
+//! `max_backoff`) and is left out of the claims meanwhile, so one poison
+//! message slows only its own aggregate; the whole relay pauses only when a
+//! batch published nothing at all (an outage).
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::message::{Message, TopicTemplate};
 use crate::record::OutboxRecord;
 use crate::shutdown::Shutdown;
 use crate::sink::{FailureKind, SendError, Sink};
 
-use crate::source::{FailedRow, Settlement, Source, SourceError};
+use crate::source::{AggregateKey, FailedRow, Settlement, Source, SourceError};
 
 /// How the relay runs.
 #[derive(Debug, Clone)]
@@ -113,6 +118,7 @@ pub struct Relay {
     topics: TopicTemplate,
     options: RelayOptions,
     stats: Arc<RelayStats>,
+    cooldown: Mutex<Cooldown>,
 }
 
 impl Relay {
@@ -127,6 +133,7 @@ impl Relay {
             source,
             sink,
             topics,
+            cooldown: Mutex::new(Cooldown::new(INITIAL_BACKOFF, options.max_backoff)),
             options,
             stats: Arc::default(),
         }
@@ -147,7 +154,7 @@ impl Relay {
                 shutdown.clone(),
             ))
         });
-        let mut backoff = Backoff::new(Duration::from_millis(100), self.options.max_backoff);
+        let mut backoff = Backoff::new(INITIAL_BACKOFF, self.options.max_backoff);
         let mut outcome = Ok(());
         while !shutdown.is_requested() {
             let pause = match self.publish_batch().await {
@@ -159,13 +166,16 @@ impl Relay {
                     break;
                 }
                 Ok(report) if report.claimed == 0 => {
-                    if self.options.drain {
+                    // Other instances' shards (or shards whose dead owner's
+                    // lease has not expired yet) may still hold rows.
+                    if self.options.drain && self.nothing_pending().await {
                         break;
                     }
                     backoff.reset();
                     None
                 }
-                Ok(report) if report.failed > 0 => Some(backoff.next()),
+                // Nothing got through: an outage, not a poison message.
+                Ok(report) if report.failed > 0 && report.published == 0 => Some(backoff.next()),
                 Ok(report) => {
                     backoff.reset();
                     if report.claimed == self.options.batch_size {
@@ -205,13 +215,44 @@ impl Relay {
         outcome
     }
 
-    /// One cycle: claims a batch, publishes it and settles it.
+    /// Whether no row is pending in the whole table (dead letters aside).
+    async fn nothing_pending(&self) -> bool {
+        match self.source.status().await {
+            Ok(status) => status.pending == 0,
+            Err(error) => {
+                tracing::warn!(%error, "cannot count pending rows");
+                false
+            }
+        }
+    }
+
+    /// One cycle: claims a batch (leaving out cooling-down aggregates),
+    /// publishes it and settles it.
     pub async fn publish_batch(&self) -> Result<BatchReport, SourceError> {
-        let claim = self.source.claim(self.options.batch_size).await?;
+        let excluded = self
+            .cooldown
+            .lock()
+            .expect("cooldown lock")
+            .cooling(Instant::now());
+        let claim = self
+            .source
+            .claim(self.options.batch_size, &excluded)
+            .await?;
         let records = claim.records();
         if records.is_empty() {
             claim.settle(&Settlement::default()).await?;
             return Ok(BatchReport::default());
+        }
+        if !claim.lease_valid() {
+            tracing::warn!(
+                claimed = records.len(),
+                "the shard lease ran out before publishing (was the relay paused?); \
+                 abandoning the batch to the shards' next owner"
+            );
+            return Ok(BatchReport {
+                claimed: records.len(),
+                ..BatchReport::default()
+            });
         }
         let messages: Vec<Message> = records
             .iter()
@@ -242,6 +283,12 @@ impl Relay {
                 "events not published; retrying with backoff"
             );
         }
+        // Cooldowns are a pacing hint: updating them before the settle
+        // commits is harmless even if it then fails.
+        self.cooldown
+            .lock()
+            .expect("cooldown lock")
+            .record(records, &settlement, Instant::now());
         claim.settle(&settlement).await?;
         self.stats
             .published
@@ -326,6 +373,66 @@ pub async fn delete_published(
         total += deleted;
         if deleted < retention.batch_size || shutdown.is_requested() {
             return Ok(total);
+        }
+    }
+}
+
+/// The first pause after a failure, for the relay and for an aggregate.
+const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Aggregates whose last attempt failed, with when they may be tried again.
+#[derive(Debug)]
+struct Cooldown {
+    initial: Duration,
+    max: Duration,
+    aggregates: HashMap<AggregateKey, (Instant, Duration)>,
+}
+
+impl Cooldown {
+    fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            aggregates: HashMap::new(),
+        }
+    }
+
+    /// Aggregates still cooling down at `now`, to leave out of the claim.
+    fn cooling(&self, now: Instant) -> Vec<AggregateKey> {
+        let mut cooling: Vec<AggregateKey> = self
+            .aggregates
+            .iter()
+            .filter(|(_, (until, _))| *until > now)
+            .map(|(key, _)| key.clone())
+            .collect();
+        cooling.sort();
+        cooling
+    }
+
+    /// A published row ends its aggregate's cooldown; a failed one starts
+    /// or doubles it; a dead-lettered one ends it, so later events proceed.
+    fn record(&mut self, records: &[OutboxRecord], settlement: &Settlement, now: Instant) {
+        let published: HashSet<&str> = settlement.published.iter().map(String::as_str).collect();
+        let failed: HashMap<&str, &FailedRow> = settlement
+            .failed
+            .iter()
+            .map(|row| (row.id.as_str(), row))
+            .collect();
+        for record in records {
+            let key = AggregateKey::of(record);
+            if published.contains(record.id.as_str()) {
+                self.aggregates.remove(&key);
+            } else if let Some(row) = failed.get(record.id.as_str()) {
+                if row.dead_letter {
+                    self.aggregates.remove(&key);
+                } else {
+                    let pause = match self.aggregates.get(&key) {
+                        Some((_, previous)) => (*previous * 2).min(self.max),
+                        None => self.initial,
+                    };
+                    self.aggregates.insert(key, (now + pause, pause));
+                }
+            }
         }
     }
 }
@@ -436,6 +543,51 @@ mod tests {
                 ("c1".into(), false)
             ]
         );
+    }
+
+    #[test]
+    fn failing_aggregates_cool_down_and_recover() {
+        let mut cooldown = Cooldown::new(Duration::from_millis(100), Duration::from_millis(300));
+        let records = [record("a1", "a", 0), record("b1", "b", 0)];
+        let failed_a = Settlement {
+            published: vec!["b1".into()],
+            failed: vec![FailedRow {
+                id: "a1".into(),
+                error: "refused".into(),
+                dead_letter: false,
+            }],
+        };
+        let start = Instant::now();
+        cooldown.record(&records, &failed_a, start);
+        let keys = |keys: Vec<AggregateKey>| -> Vec<String> {
+            keys.into_iter().map(|key| key.aggregate_id).collect()
+        };
+        assert_eq!(keys(cooldown.cooling(start)), ["a"]);
+        assert!(
+            cooldown
+                .cooling(start + Duration::from_millis(150))
+                .is_empty()
+        );
+        // Failing again doubles the pause, up to the cap.
+        cooldown.record(&records, &failed_a, start);
+        cooldown.record(&records, &failed_a, start);
+        cooldown.record(&records, &failed_a, start);
+        assert_eq!(
+            keys(cooldown.cooling(start + Duration::from_millis(250))),
+            ["a"]
+        );
+        assert!(
+            cooldown
+                .cooling(start + Duration::from_millis(350))
+                .is_empty()
+        );
+        // Success or a dead letter ends it.
+        let a_published = Settlement {
+            published: vec!["a1".into()],
+            failed: vec![],
+        };
+        cooldown.record(&records, &a_published, start);
+        assert!(cooldown.cooling(start).is_empty());
     }
 
     #[test]

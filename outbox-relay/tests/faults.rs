@@ -52,7 +52,7 @@ async fn events_committed_during_a_broker_outage_arrive_after_it() {
             "run",
             "--poll-interval",
             "200ms",
-            "--message-timeout",
+            "--send-timeout",
             "3s",
             "--topic-template",
             &template,

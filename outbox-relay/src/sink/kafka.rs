@@ -2,29 +2,35 @@
 //! producer with `acks=all`, so an acknowledged message is on every in-sync
 //! replica and retries inside the producer neither duplicate nor reorder it.
 //!
+//! Per-partition order is never traded for liveness. librdkafka may leave a
+//! gap when messages expire in its queue (`message.timeout.ms`), letting a
+//! later message of the same partition be written first, so the producer is
+//! configured never to expire messages (`message.timeout.ms=0`) and to stop
+//! rather than leave a gap after a failed batch
+//! (`enable.gapless.guarantee`). Instead the sink bounds each batch with its
+//! own send timeout: when acknowledgements do not arrive in time, or the
+//! producer hit a fatal error, it purges every queued message at once and
+//! replaces the producer. Purging drops a partition's whole queue, never a
+//! message in its middle, and unacknowledged rows stay pending, so an
+//! aggregate's events are re-sent in order.
+//!
 //! A batch is enqueued at once and its delivery reports awaited together.
 //! Topics are looked up (and, unless turned off, created through the admin
 //! API) the first time a batch needs them, and again after a failed delivery.
-//!
-//! The producer is replaced by a fresh one after a fatal librdkafka error or
-//! [`RESET_AFTER_FAILED_BATCHES`] batches in a row with failed deliveries:
-//! a broker that lost its state (a restarted in-memory broker, a rebuilt
-//! cluster) may never accept the old producer id again. Nothing is in flight
-//! when that happens, since every delivery of a batch is awaited first.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::future::join_all;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use rdkafka::ClientContext;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _, PurgeConfig};
 
 use super::{SendError, Sink};
 use crate::message::Message;
@@ -41,8 +47,9 @@ pub struct KafkaOptions {
     pub topic_partitions: i32,
     /// Replication factor of a created topic.
     pub topic_replication_factor: i32,
-    /// How long the producer keeps retrying one message before failing it.
-    pub message_timeout: Duration,
+    /// How long to wait for a batch's acknowledgements before abandoning the
+    /// unacknowledged messages and replacing the producer.
+    pub send_timeout: Duration,
     /// Further librdkafka settings (`security.protocol`, `sasl.*`,
     /// `compression.type`, ...), applied last.
     pub client_options: Vec<(String, String)>,
@@ -55,7 +62,7 @@ impl Default for KafkaOptions {
             create_topics: true,
             topic_partitions: 1,
             topic_replication_factor: 1,
-            message_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(30),
             client_options: Vec::new(),
         }
     }
@@ -105,14 +112,10 @@ impl ClientContext for RelayClientContext {
 
 type Producer = FutureProducer<RelayClientContext>;
 
-/// Consecutive batches with failed deliveries before the producer is replaced.
-pub const RESET_AFTER_FAILED_BATCHES: u32 = 3;
-
 /// Publishes messages to Kafka.
 pub struct KafkaSink {
     config: ClientConfig,
     producer: RwLock<Producer>,
-    failed_batches: AtomicU32,
     admin: AdminClient<RelayClientContext>,
     options: KafkaOptions,
     known_topics: Mutex<HashSet<String>>,
@@ -127,10 +130,8 @@ impl KafkaSink {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "2")
-            .set(
-                "message.timeout.ms",
-                options.message_timeout.as_millis().to_string(),
-            )
+            .set("message.timeout.ms", "0")
+            .set("enable.gapless.guarantee", "true")
             .set("client.id", "outbox-relay");
         for (key, value) in &options.client_options {
             config.set(key, value);
@@ -159,7 +160,6 @@ impl KafkaSink {
         Ok(Self {
             config,
             producer: RwLock::new(producer),
-            failed_batches: AtomicU32::new(0),
             admin,
             options,
             known_topics: Mutex::new(HashSet::new()),
@@ -171,31 +171,17 @@ impl KafkaSink {
         self.producer.read().expect("producer lock").clone()
     }
 
-    /// Counts a batch's delivery failures and replaces the producer when it
-    /// is broken or keeps failing.
-    fn after_batch(&self, producer: &Producer, deliveries_failed: bool) {
-        let fatal = producer.client().fatal_error();
-        let failed_batches = if deliveries_failed {
-            self.failed_batches.fetch_add(1, Ordering::Relaxed) + 1
-        } else {
-            self.failed_batches.store(0, Ordering::Relaxed);
-            0
-        };
-        if fatal.is_none() && failed_batches < RESET_AFTER_FAILED_BATCHES {
-            return;
-        }
+    /// Drops every message still queued in `broken` and puts a fresh
+    /// producer in its place.
+    fn replace_producer(&self, broken: &Producer, why: &str) {
+        broken.purge(PurgeConfig::default().queue().inflight());
         match self
             .config
             .create_with_context::<_, Producer>(RelayClientContext)
         {
             Ok(fresh) => {
-                tracing::warn!(
-                    fatal_error = ?fatal,
-                    failed_batches,
-                    "replaced the Kafka producer after repeated delivery failures"
-                );
+                tracing::warn!(reason = why, "replaced the Kafka producer");
                 *self.producer.write().expect("producer lock") = fresh;
-                self.failed_batches.store(0, Ordering::Relaxed);
             }
             Err(error) => tracing::error!(%error, "cannot create a new Kafka producer"),
         }
@@ -212,10 +198,9 @@ impl KafkaSink {
         };
         let mut missing = HashMap::new();
         for topic in unknown {
-            let result = if self.options.create_topics {
-                self.create_topic(topic).await
-            } else {
-                self.topic_exists(topic).await
+            let result = match self.topic_exists(topic).await {
+                Err(_) if self.options.create_topics => self.create_topic(topic).await,
+                found => found,
             };
             match result {
                 Ok(()) => {
@@ -239,7 +224,9 @@ impl KafkaSink {
             self.options.topic_partitions,
             TopicReplication::Fixed(self.options.topic_replication_factor),
         );
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let options = AdminOptions::new()
+            .operation_timeout(Some(Duration::from_secs(10)))
+            .request_timeout(Some(Duration::from_secs(10)));
         let results = self
             .admin
             .create_topics([&new_topic], &options)
@@ -295,6 +282,7 @@ impl KafkaSink {
     async fn enqueue(
         producer: &Producer,
         message: &Message,
+        deadline: tokio::time::Instant,
     ) -> Result<rdkafka::producer::DeliveryFuture, SendError> {
         let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());
         for (name, value) in &message.headers {
@@ -313,6 +301,9 @@ impl KafkaSink {
             match producer.send_result(record) {
                 Ok(delivery) => return Ok(delivery),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(SendError::transient("the producer queue stayed full"));
+                    }
                     record = returned;
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
@@ -337,6 +328,7 @@ impl Sink for KafkaSink {
             .map(|message| message.topic.as_str())
             .collect();
         let missing = self.ensure_topics(topics).await;
+        let deadline = tokio::time::Instant::now() + self.options.send_timeout;
         let producer = self.producer();
 
         let mut outcomes: Vec<Option<Result<(), SendError>>> = vec![None; messages.len()];
@@ -350,7 +342,7 @@ impl Sink for KafkaSink {
             }
             let enqueued = match missing.get(message.topic.as_str()) {
                 Some(error) => Err(error.clone()),
-                None => Self::enqueue(&producer, message).await,
+                None => Self::enqueue(&producer, message, deadline).await,
             };
             match enqueued {
                 Ok(delivery) => deliveries.push(async move { (index, delivery.await) }),
@@ -361,8 +353,18 @@ impl Sink for KafkaSink {
             }
         }
 
-        let mut deliveries_failed = false;
-        for (index, delivery) in join_all(deliveries).await {
+        let mut deliveries: FuturesUnordered<_> = deliveries.into_iter().collect();
+        let deadline = tokio::time::sleep_until(deadline);
+        tokio::pin!(deadline);
+        let mut timed_out = false;
+        while !deliveries.is_empty() {
+            let (index, delivery) = tokio::select! {
+                Some(resolved) = deliveries.next() => resolved,
+                () = &mut deadline => {
+                    timed_out = true;
+                    break;
+                }
+            };
             let topic = &messages[index].topic;
             outcomes[index] = Some(match delivery {
                 Ok(Ok(_)) => Ok(()),
@@ -370,13 +372,25 @@ impl Sink for KafkaSink {
                     // The broker may have lost the topic (restarted, new
                     // cluster): make sure it exists before the next batch.
                     self.forget_topic(topic);
-                    deliveries_failed = true;
                     Err(classify(topic, error))
                 }
                 Err(_canceled) => Err(SendError::transient("the producer shut down")),
             });
         }
-        self.after_batch(&producer, deliveries_failed);
+        drop(deliveries);
+        if timed_out {
+            let reason = format!(
+                "no acknowledgement within {}",
+                humantime::format_duration(self.options.send_timeout)
+            );
+            for outcome in outcomes.iter_mut().filter(|outcome| outcome.is_none()) {
+                *outcome = Some(Err(SendError::transient(reason.clone())));
+            }
+            self.known_topics.lock().expect("topic set lock").clear();
+            self.replace_producer(&producer, &reason);
+        } else if let Some(fatal) = producer.client().fatal_error() {
+            self.replace_producer(&producer, &format!("fatal error: {fatal:?}"));
+        }
         outcomes
             .into_iter()
             .map(|outcome| outcome.expect("every message has an outcome"))

@@ -9,6 +9,7 @@
 
 pub mod mysql;
 pub mod postgres;
+pub mod shards;
 pub mod sqlite;
 
 use std::time::Duration;
@@ -18,11 +19,15 @@ use async_trait::async_trait;
 use crate::record::OutboxRecord;
 use crate::redact::redact_url;
 
-/// How claimed rows are settled.
-#[derive(Debug, Clone, Copy, Default)]
+/// How rows are claimed and settled.
+#[derive(Debug, Clone, Default)]
 pub struct SourceOptions {
     /// Delete published rows instead of marking them.
     pub delete_on_publish: bool,
+    /// Share the work with other instances through shard ownership
+    /// (PostgreSQL and MariaDB/MySQL). Without it, a claim takes any pending
+    /// row (`FOR UPDATE SKIP LOCKED`), which suits one instance only.
+    pub shards: Option<shards::ShardConfig>,
 }
 
 /// A source of pending outbox rows.
@@ -31,9 +36,14 @@ pub trait Source: Send + Sync {
     /// Fails with [`SourceError::MissingTable`] when the outbox table is absent.
     async fn check_table(&self) -> Result<(), SourceError>;
 
-    /// Claims up to `limit` pending rows, oldest first. An empty claim is
-    /// fine and must still be settled or dropped.
-    async fn claim(&self, limit: usize) -> Result<Box<dyn Claim>, SourceError>;
+    /// Claims up to `limit` pending rows, oldest first, skipping every row
+    /// of the `excluded` aggregates. An empty claim is fine and must still be
+    /// settled or dropped.
+    async fn claim(
+        &self,
+        limit: usize,
+        excluded: &[AggregateKey],
+    ) -> Result<Box<dyn Claim>, SourceError>;
 
     /// Returns when new rows may be pending: after `timeout` at the latest,
     /// earlier when the database notifies.
@@ -43,8 +53,40 @@ pub trait Source: Send + Sync {
     /// returns how many it deleted.
     async fn delete_published(&self, older_than: Duration, limit: u64) -> Result<u64, SourceError>;
 
-    /// Counts pending, published and dead-lettered rows.
+    /// Counts pending, published and dead-lettered rows, and lists the
+    /// oldest dead letters.
     async fn status(&self) -> Result<Status, SourceError>;
+
+    /// Makes dead-lettered rows pending again with a fresh attempt count;
+    /// returns how many. `ids` empty means every dead letter (of
+    /// `aggregate_type`, when given).
+    async fn redrive(
+        &self,
+        ids: &[String],
+        aggregate_type: Option<&str>,
+    ) -> Result<u64, SourceError>;
+
+    /// Stops taking part in shard ownership, handing the shards over at once.
+    async fn close(&self) {}
+}
+
+/// An aggregate: `(aggregatetype, aggregateid)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AggregateKey {
+    /// `aggregatetype`.
+    pub aggregate_type: String,
+    /// `aggregateid`.
+    pub aggregate_id: String,
+}
+
+impl AggregateKey {
+    /// The aggregate of a claimed row.
+    pub fn of(record: &OutboxRecord) -> Self {
+        Self {
+            aggregate_type: record.aggregate_type.clone(),
+            aggregate_id: record.aggregate_id.clone(),
+        }
+    }
 }
 
 /// A batch of claimed rows, waiting to be settled.
@@ -52,6 +94,12 @@ pub trait Source: Send + Sync {
 pub trait Claim: Send {
     /// The claimed rows, in insertion order.
     fn records(&self) -> &[OutboxRecord];
+
+    /// Whether this instance still owns the claimed rows' shards, as far as
+    /// it knows; a batch whose lease ran out (after a pause) is not sent.
+    fn lease_valid(&self) -> bool {
+        true
+    }
 
     /// Marks (or deletes) the published rows, records the failures, and
     /// releases the claim.
@@ -96,6 +144,51 @@ pub struct Status {
     pub dead_letters: i64,
     /// Rows published and not yet deleted by retention.
     pub published: i64,
+    /// The oldest dead letters (at most [`DEAD_LETTERS_SHOWN`]).
+    pub dead_letter_rows: Vec<DeadLetter>,
+}
+
+/// How many dead letters `status` lists.
+pub const DEAD_LETTERS_SHOWN: i64 = 20;
+
+/// A dead-lettered row, as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeadLetter {
+    /// The event id.
+    pub id: String,
+    /// `aggregatetype`.
+    pub aggregate_type: String,
+    /// `aggregateid`.
+    pub aggregate_id: String,
+    /// `type`.
+    pub event_type: String,
+    /// Failed attempts.
+    pub attempts: i32,
+    /// The last failure.
+    pub last_error: Option<String>,
+}
+
+/// Builds the `WHERE` filter of a re-drive: `dead_lettered_at IS NOT NULL`
+/// plus an id list (compared as `id_text`, the id as text) and an aggregate
+/// type when given, with `placeholder(n)` giving the n-th bind placeholder
+/// (1-based).
+pub(crate) fn redrive_filter(
+    id_text: &str,
+    ids: usize,
+    aggregate_type: bool,
+    placeholder: impl Fn(usize) -> String,
+) -> String {
+    let mut filter = "dead_lettered_at IS NOT NULL".to_owned();
+    let mut next = 1;
+    if ids > 0 {
+        let list: Vec<String> = (next..next + ids).map(&placeholder).collect();
+        filter.push_str(&format!(" AND {id_text} IN ({})", list.join(", ")));
+        next += ids;
+    }
+    if aggregate_type {
+        filter.push_str(&format!(" AND aggregatetype = {}", placeholder(next)));
+    }
+    filter
 }
 
 /// A source failure.
@@ -121,6 +214,20 @@ pub enum SourceError {
         /// The URL, without its password.
         url: String,
     },
+    /// Another instance took over a shard of the batch: nothing was marked.
+    #[error("lost ownership of shards {0:?} during the batch; nothing was marked")]
+    Fenced(Vec<i64>),
+    /// The shard rows do not match `--shards`.
+    #[error(
+        "the outbox_relay_shard table has shards up to {found}, but this relay uses {configured}; \
+         every relay on a database needs the same --shards"
+    )]
+    ShardCount {
+        /// Shards this instance was configured with.
+        configured: u32,
+        /// Highest shard number found plus one.
+        found: i64,
+    },
     /// A statement failed.
     #[error("database error: {0}")]
     Query(#[from] sqlx::Error),
@@ -140,12 +247,12 @@ pub async fn connect(url: &str, options: SourceOptions) -> Result<Box<dyn Source
         "postgres" | "postgresql" => Box::new(
             postgres::PostgresSource::connect(url, options)
                 .await
-                .map_err(connect_error)?,
+                .map_err(|error| missing_table(url, error))?,
         ),
         "mysql" | "mariadb" => Box::new(
             mysql::MySqlSource::connect(url, options)
                 .await
-                .map_err(connect_error)?,
+                .map_err(|error| missing_table(url, error))?,
         ),
         "sqlite" => Box::new(
             sqlite::SqliteSource::connect(url, options)
@@ -154,13 +261,21 @@ pub async fn connect(url: &str, options: SourceOptions) -> Result<Box<dyn Source
         ),
         _ => return Err(SourceError::UnsupportedUrl(redact_url(url))),
     };
-    source.check_table().await.map_err(|error| match error {
+    source
+        .check_table()
+        .await
+        .map_err(|error| missing_table(url, error))?;
+    Ok(source)
+}
+
+/// Names a missing outbox table (or shard table) as such.
+fn missing_table(url: &str, error: SourceError) -> SourceError {
+    match error {
         SourceError::Query(query) if is_missing_table(&query) => SourceError::MissingTable {
             url: redact_url(url),
         },
         other => other,
-    })?;
-    Ok(source)
+    }
 }
 
 /// PostgreSQL 42P01, MySQL 1146 (42S02), SQLite "no such table".
@@ -179,4 +294,26 @@ fn is_missing_table(error: &sqlx::Error) -> bool {
 /// Placeholders `?, ?, ...` for an `IN` list.
 pub(crate) fn question_marks(count: usize) -> String {
     vec!["?"; count].join(", ")
+}
+
+/// `(?, ?), (?, ?), ...`: one pair per excluded aggregate.
+pub(crate) fn question_mark_pairs(count: usize) -> String {
+    vec!["(?, ?)"; count].join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redrive_filter;
+
+    #[test]
+    fn redrive_filters_name_their_parameters() {
+        assert_eq!(
+            redrive_filter("id", 0, false, |_| "?".into()),
+            "dead_lettered_at IS NOT NULL"
+        );
+        assert_eq!(
+            redrive_filter("id::text", 2, true, |n| format!("${n}")),
+            "dead_lettered_at IS NOT NULL AND id::text IN ($1, $2) AND aggregatetype = $3"
+        );
+    }
 }

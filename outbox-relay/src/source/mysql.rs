@@ -1,35 +1,66 @@
-//! MariaDB and MySQL: claims with `FOR UPDATE SKIP LOCKED` in a READ
-//! COMMITTED transaction (no gap locks, so the application's inserts never
-//! wait for the relay) held until the batch is settled; polls for new rows.
+//! MariaDB and MySQL: claims in a READ COMMITTED transaction (no gap
+//! locks, so the application's inserts never wait for the relay) held until
+//! the batch is settled; polls for new rows.
+//!
+//! With shard ownership (the relay's mode), a claim share-locks this
+//! instance's shard rows, reads the oldest pending ids of those shards
+//! without locking, then locks exactly those rows by primary key, waiting
+//! (up to the lock wait timeout) for rows a previous owner still holds
+//! rather than skipping them. InnoDB locks every record a locking scan
+//! passes, so a single locking scan filtered by shard would wait on other
+//! instances' rows. Without shards, a claim takes any pending row with
+//! `FOR UPDATE SKIP LOCKED`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, MySql, Row, Transaction};
 
-use super::{Claim, Settlement, Source, SourceError, SourceOptions, Status, question_marks};
+use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
+use super::{
+    AggregateKey, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
+    SourceOptions, Status, question_mark_pairs, question_marks, redrive_filter,
+};
 use crate::record::OutboxRecord;
 
-const CLAIM: &str = "SELECT id, aggregatetype, aggregateid, type, CAST(payload AS CHAR), \
-     event_version, aggregate_seq, traceparent, seq, attempts \
-     FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
-     ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED";
+const COLUMNS: &str = "id, aggregatetype, aggregateid, type, CAST(payload AS CHAR), \
+     event_version, aggregate_seq, traceparent, seq, attempts";
+
+const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
+
+/// The shard of a row: a stable hash of its aggregate.
+const SHARD_OF_ROW: &str = "MOD(CRC32(CONCAT(aggregatetype, '/', aggregateid)), ?)";
 
 /// Pending rows of a MariaDB or MySQL database.
 pub struct MySqlSource {
     pool: MySqlPool,
-    options: SourceOptions,
+    delete_on_publish: bool,
+    sharding: Option<Sharding>,
+}
+
+/// This instance's part in shard ownership.
+struct Sharding {
+    config: ShardConfig,
+    store: Arc<MySqlShardStore>,
+    membership: Arc<Membership>,
+    heartbeat: tokio::task::JoinHandle<()>,
 }
 
 impl MySqlSource {
-    /// Connects a small pool whose sessions use UTC and READ COMMITTED.
-    pub async fn connect(url: &str, options: SourceOptions) -> Result<Self, sqlx::Error> {
+    /// Connects a small pool whose sessions use UTC and READ COMMITTED and,
+    /// with shards configured, joins their ownership.
+    pub async fn connect(url: &str, options: SourceOptions) -> Result<Self, SourceError> {
         let url = url.replacen("mariadb://", "mysql://", 1);
+        let idle_timeout = options
+            .shards
+            .as_ref()
+            .map(|shards| shards.batch_timeout.as_secs().max(1));
         let pool = MySqlPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(10))
-            .after_connect(|conn, _meta| {
+            .after_connect(move |conn, _meta| {
                 Box::pin(async move {
                     sqlx::query("SET SESSION time_zone = '+00:00'")
                         .execute(&mut *conn)
@@ -37,12 +68,44 @@ impl MySqlSource {
                     sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                         .execute(&mut *conn)
                         .await?;
+                    if let Some(seconds) = idle_timeout {
+                        sqlx::query("SET SESSION innodb_lock_wait_timeout = 5")
+                            .execute(&mut *conn)
+                            .await?;
+                        // MariaDB ends a paused relay's claim, releasing its
+                        // rows; MySQL has no such variable.
+                        let _ = sqlx::query(AssertSqlSafe(format!(
+                            "SET SESSION idle_transaction_timeout = {seconds}"
+                        )))
+                        .execute(&mut *conn)
+                        .await;
+                    }
                     Ok(())
                 })
             })
             .connect(&url)
-            .await?;
-        Ok(Self { pool, options })
+            .await
+            .map_err(|source| SourceError::Connect {
+                url: crate::redact::redact_url(&url),
+                source,
+            })?;
+        let mut source = Self {
+            pool: pool.clone(),
+            delete_on_publish: options.delete_on_publish,
+            sharding: None,
+        };
+        if let Some(config) = options.shards {
+            source.check_table().await?;
+            let store = Arc::new(MySqlShardStore { pool });
+            let (membership, heartbeat) = shards::join(store.clone(), config.clone()).await?;
+            source.sharding = Some(Sharding {
+                config,
+                store,
+                membership,
+                heartbeat,
+            });
+        }
+        Ok(source)
     }
 }
 
@@ -55,12 +118,71 @@ impl Source for MySqlSource {
         Ok(())
     }
 
-    async fn claim(&self, limit: usize) -> Result<Box<dyn Claim>, SourceError> {
+    async fn claim(
+        &self,
+        limit: usize,
+        excluded: &[AggregateKey],
+    ) -> Result<Box<dyn Claim>, SourceError> {
+        let exclusion = if excluded.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " AND (aggregatetype, aggregateid) NOT IN ({})",
+                question_mark_pairs(excluded.len())
+            )
+        };
         let mut txn = self.pool.begin().await?;
-        let rows = sqlx::query(CLAIM)
-            .bind(limit as u64)
-            .fetch_all(&mut *txn)
-            .await?;
+        let (rows, owned) = match &self.sharding {
+            None => {
+                let sql = format!(
+                    "SELECT {COLUMNS} FROM outbox WHERE {PENDING}{exclusion} \
+                     ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED"
+                );
+                let mut query = sqlx::query(AssertSqlSafe(sql));
+                for key in excluded {
+                    query = query.bind(&key.aggregate_type).bind(&key.aggregate_id);
+                }
+                (
+                    query.bind(limit as u64).fetch_all(&mut *txn).await?,
+                    Vec::new(),
+                )
+            }
+            Some(sharding) => {
+                let owned = owned_shards(&mut txn, &sharding.config.instance, true).await?;
+                if owned.is_empty() {
+                    (Vec::new(), owned)
+                } else {
+                    let sql = format!(
+                        "SELECT id FROM outbox WHERE {PENDING}{exclusion} \
+                         AND {SHARD_OF_ROW} IN ({}) ORDER BY seq LIMIT ?",
+                        question_marks(owned.len())
+                    );
+                    let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql));
+                    for key in excluded {
+                        query = query.bind(&key.aggregate_type).bind(&key.aggregate_id);
+                    }
+                    query = query.bind(sharding.config.count);
+                    for (shard, _) in &owned {
+                        query = query.bind(shard);
+                    }
+                    let candidates = query.bind(limit as u64).fetch_all(&mut *txn).await?;
+                    if candidates.is_empty() {
+                        (Vec::new(), owned)
+                    } else {
+                        let sql = format!(
+                            "SELECT {COLUMNS} FROM outbox WHERE id IN ({}) AND {PENDING} \
+                             ORDER BY seq FOR UPDATE",
+                            question_marks(candidates.len())
+                        );
+                        let mut query = sqlx::query(AssertSqlSafe(sql));
+                        for id in &candidates {
+                            query = query.bind(id);
+                        }
+                        (query.fetch_all(&mut *txn).await?, owned)
+                    }
+                }
+            }
+        };
         let records = rows
             .iter()
             .map(|row| {
@@ -81,7 +203,12 @@ impl Source for MySqlSource {
         Ok(Box::new(MySqlClaim {
             txn,
             records,
-            options: self.options,
+            delete_on_publish: self.delete_on_publish,
+            fencing: self.sharding.as_ref().map(|sharding| Fencing {
+                instance: sharding.config.instance.clone(),
+                owned,
+                membership: sharding.membership.clone(),
+            }),
         }))
     }
 
@@ -119,14 +246,88 @@ impl Source for MySqlSource {
             oldest_pending_age_seconds: row.try_get(1)?,
             dead_letters: row.try_get(2)?,
             published: row.try_get(3)?,
+            dead_letter_rows: dead_letters(&self.pool).await?,
         })
     }
+
+    async fn close(&self) {
+        if let Some(sharding) = &self.sharding {
+            sharding.heartbeat.abort();
+            shards::leave(sharding.store.as_ref(), &sharding.config).await;
+        }
+    }
+
+    async fn redrive(
+        &self,
+        ids: &[String],
+        aggregate_type: Option<&str>,
+    ) -> Result<u64, SourceError> {
+        let filter = redrive_filter("id", ids.len(), aggregate_type.is_some(), |_| {
+            "?".to_owned()
+        });
+        let sql = format!("UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 WHERE {filter}");
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for id in ids {
+            query = query.bind(id);
+        }
+        if let Some(aggregate_type) = aggregate_type {
+            query = query.bind(aggregate_type);
+        }
+        Ok(query.execute(&self.pool).await?.rows_affected())
+    }
+}
+
+async fn dead_letters(pool: &MySqlPool) -> Result<Vec<DeadLetter>, SourceError> {
+    let rows = sqlx::query(
+        "SELECT id, aggregatetype, aggregateid, type, attempts, last_error FROM outbox \
+         WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT ?",
+    )
+    .bind(DEAD_LETTERS_SHOWN)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(dead_letter)
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Into::into)
+}
+
+fn dead_letter(row: &sqlx::mysql::MySqlRow) -> Result<DeadLetter, sqlx::Error> {
+    Ok(DeadLetter {
+        id: row.try_get(0)?,
+        aggregate_type: row.try_get(1)?,
+        aggregate_id: row.try_get(2)?,
+        event_type: row.try_get(3)?,
+        attempts: row.try_get(4)?,
+        last_error: row.try_get(5)?,
+    })
+}
+
+/// This instance's shards and their epochs, share-locked when claiming.
+async fn owned_shards(
+    txn: &mut Transaction<'static, MySql>,
+    instance: &str,
+    lock: bool,
+) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+    let sql = if lock {
+        "SELECT shard, epoch FROM outbox_relay_shard \
+         WHERE owner = ? AND lease_until > UTC_TIMESTAMP(6) ORDER BY shard LOCK IN SHARE MODE"
+    } else {
+        "SELECT shard, epoch FROM outbox_relay_shard WHERE owner = ? ORDER BY shard"
+    };
+    let rows = sqlx::query(sql)
+        .bind(instance)
+        .fetch_all(&mut **txn)
+        .await?;
+    rows.iter()
+        .map(|row| Ok((i64::from(row.try_get::<i32, _>(0)?), row.try_get(1)?)))
+        .collect()
 }
 
 struct MySqlClaim {
     txn: Transaction<'static, MySql>,
     records: Vec<OutboxRecord>,
-    options: SourceOptions,
+    delete_on_publish: bool,
+    fencing: Option<Fencing>,
 }
 
 #[async_trait]
@@ -135,9 +336,16 @@ impl Claim for MySqlClaim {
         &self.records
     }
 
+    fn lease_valid(&self) -> bool {
+        self.fencing.as_ref().is_none_or(Fencing::lease_valid)
+    }
+
     async fn settle(mut self: Box<Self>, settlement: &Settlement) -> Result<(), SourceError> {
+        if let Some(fencing) = &self.fencing {
+            fencing.check(&owned_shards(&mut self.txn, &fencing.instance, false).await?)?;
+        }
         if !settlement.published.is_empty() {
-            let action = if self.options.delete_on_publish {
+            let action = if self.delete_on_publish {
                 "DELETE FROM outbox"
             } else {
                 "UPDATE outbox SET published_at = UTC_TIMESTAMP(6)"
@@ -164,6 +372,140 @@ impl Claim for MySqlClaim {
             .await?;
         }
         self.txn.commit().await?;
+        Ok(())
+    }
+}
+
+/// Shard ownership statements on MariaDB and MySQL.
+struct MySqlShardStore {
+    pool: MySqlPool,
+}
+
+/// `UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND`, bound to a lease.
+const LEASE_END: &str = "UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND";
+
+fn micros(lease: Duration) -> u64 {
+    lease.as_micros() as u64
+}
+
+#[async_trait]
+impl ShardStore for MySqlShardStore {
+    async fn prepare(&self, count: u32) -> Result<(), SourceError> {
+        let sql = format!(
+            "INSERT IGNORE INTO outbox_relay_shard (shard) VALUES {}",
+            vec!["(?)"; count as usize].join(", ")
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for shard in 0..count {
+            query = query.bind(shard);
+        }
+        query.execute(&self.pool).await?;
+        let highest: Option<i32> = sqlx::query_scalar("SELECT MAX(shard) FROM outbox_relay_shard")
+            .fetch_one(&self.pool)
+            .await?;
+        match highest {
+            Some(highest) if i64::from(highest) + 1 > i64::from(count) => {
+                Err(SourceError::ShardCount {
+                    configured: count,
+                    found: i64::from(highest) + 1,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn heartbeat(&self, instance: &str, lease: Duration) -> Result<usize, SourceError> {
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO outbox_relay_instance (id, lease_until) VALUES (?, {LEASE_END}) \
+             ON DUPLICATE KEY UPDATE lease_until = VALUES(lease_until)"
+        )))
+        .bind(instance)
+        .bind(micros(lease))
+        .execute(&self.pool)
+        .await?;
+        sqlx::query("DELETE FROM outbox_relay_instance WHERE lease_until < UTC_TIMESTAMP(6)")
+            .execute(&self.pool)
+            .await?;
+        let live: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM outbox_relay_instance")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(live as usize)
+    }
+
+    async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<i32>, SourceError> {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE outbox_relay_shard SET lease_until = {LEASE_END} WHERE owner = ?"
+        )))
+        .bind(micros(lease))
+        .bind(instance)
+        .execute(&self.pool)
+        .await?;
+        Ok(
+            sqlx::query_scalar("SELECT shard FROM outbox_relay_shard WHERE owner = ?")
+                .bind(instance)
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn acquire(
+        &self,
+        instance: &str,
+        lease: Duration,
+        want: usize,
+    ) -> Result<Vec<i32>, SourceError> {
+        let mut txn = self.pool.begin().await?;
+        let free: Vec<i32> = sqlx::query_scalar(
+            "SELECT shard FROM outbox_relay_shard \
+             WHERE owner IS NULL OR lease_until < UTC_TIMESTAMP(6) \
+             ORDER BY shard LIMIT ? FOR UPDATE SKIP LOCKED",
+        )
+        .bind(want as u64)
+        .fetch_all(&mut *txn)
+        .await?;
+        if !free.is_empty() {
+            let sql = format!(
+                "UPDATE outbox_relay_shard SET owner = ?, epoch = epoch + 1, lease_until = {LEASE_END} \
+                 WHERE shard IN ({})",
+                question_marks(free.len())
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql))
+                .bind(instance)
+                .bind(micros(lease));
+            for shard in &free {
+                query = query.bind(shard);
+            }
+            query.execute(&mut *txn).await?;
+        }
+        txn.commit().await?;
+        Ok(free)
+    }
+
+    async fn release(&self, instance: &str, shards: &[i32]) -> Result<(), SourceError> {
+        let sql = format!(
+            "UPDATE outbox_relay_shard SET owner = NULL, lease_until = NULL \
+             WHERE owner = ? AND shard IN ({})",
+            question_marks(shards.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(instance);
+        for shard in shards {
+            query = query.bind(shard);
+        }
+        query.execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn leave(&self, instance: &str) -> Result<(), SourceError> {
+        sqlx::query(
+            "UPDATE outbox_relay_shard SET owner = NULL, lease_until = NULL WHERE owner = ?",
+        )
+        .bind(instance)
+        .execute(&self.pool)
+        .await?;
+        sqlx::query("DELETE FROM outbox_relay_instance WHERE id = ?")
+            .bind(instance)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 }

@@ -1,46 +1,89 @@
-//! PostgreSQL: claims with `FOR UPDATE SKIP LOCKED` inside a transaction
-//! held until the batch is settled, and wakes on `LISTEN outbox` (the
-//! migration's trigger notifies on every committed insert) with the poll
-//! interval as fallback.
+//! PostgreSQL: claims inside a transaction held until the batch is
+//! settled, and wakes on `LISTEN outbox` (the migration's trigger notifies
+//! on every committed insert) with the poll interval as fallback.
+//!
+//! With shard ownership (the relay's mode), a claim share-locks this
+//! instance's shard rows, then locks the oldest pending rows of those shards
+//! with a plain `FOR UPDATE`: waiting (up to a lock timeout) for rows a
+//! previous owner still holds, never skipping them, since skipping would let
+//! a later event of the same aggregate overtake. Without it, a claim takes
+//! any pending row with `FOR UPDATE SKIP LOCKED`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use tokio::sync::Mutex;
 
-use super::{Claim, Settlement, Source, SourceError, SourceOptions, Status};
+use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
+use super::{
+    AggregateKey, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
+    SourceOptions, Status, redrive_filter,
+};
 use crate::record::OutboxRecord;
 
 /// The channel the migration's trigger notifies.
 const CHANNEL: &str = "outbox";
 
-const CLAIM: &str = "SELECT id::text, aggregatetype, aggregateid, type, payload::text, \
+const PENDING: &str = "SELECT id::text, aggregatetype, aggregateid, type, payload::text, \
      event_version, aggregate_seq, traceparent, seq, attempts \
      FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
-     ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED";
+     AND (aggregatetype, aggregateid) NOT IN \
+       (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i))";
+
+/// The shard of a row: a stable hash of its aggregate.
+const SHARD_OF_ROW: &str =
+    "((hashtextextended(aggregatetype || '/' || aggregateid, 0) % $4) + $4) % $4";
 
 /// Pending rows of a PostgreSQL database.
 pub struct PostgresSource {
     pool: PgPool,
     listener: Mutex<Option<PgListener>>,
-    options: SourceOptions,
+    delete_on_publish: bool,
+    sharding: Option<Sharding>,
+}
+
+/// This instance's part in shard ownership.
+struct Sharding {
+    config: ShardConfig,
+    store: Arc<PgShardStore>,
+    membership: Arc<Membership>,
+    heartbeat: tokio::task::JoinHandle<()>,
 }
 
 impl PostgresSource {
-    /// Connects a small pool and checks that the server answers.
-    pub async fn connect(url: &str, options: SourceOptions) -> Result<Self, sqlx::Error> {
+    /// Connects a small pool, checks that the server answers and, with
+    /// shards configured, joins their ownership.
+    pub async fn connect(url: &str, options: SourceOptions) -> Result<Self, SourceError> {
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
-            .await?;
-        Ok(Self {
-            pool,
+            .await
+            .map_err(|source| SourceError::Connect {
+                url: crate::redact::redact_url(url),
+                source,
+            })?;
+        let mut source = Self {
+            pool: pool.clone(),
             listener: Mutex::new(None),
-            options,
-        })
+            delete_on_publish: options.delete_on_publish,
+            sharding: None,
+        };
+        if let Some(config) = options.shards {
+            source.check_table().await?;
+            let store = Arc::new(PgShardStore { pool });
+            let (membership, heartbeat) = shards::join(store.clone(), config.clone()).await?;
+            source.sharding = Some(Sharding {
+                config,
+                store,
+                membership,
+                heartbeat,
+            });
+        }
+        Ok(source)
     }
 
     async fn listen(&self) -> Result<PgListener, sqlx::Error> {
@@ -59,12 +102,62 @@ impl Source for PostgresSource {
         Ok(())
     }
 
-    async fn claim(&self, limit: usize) -> Result<Box<dyn Claim>, SourceError> {
+    async fn claim(
+        &self,
+        limit: usize,
+        excluded: &[AggregateKey],
+    ) -> Result<Box<dyn Claim>, SourceError> {
+        let types: Vec<&str> = excluded
+            .iter()
+            .map(|key| key.aggregate_type.as_str())
+            .collect();
+        let ids: Vec<&str> = excluded
+            .iter()
+            .map(|key| key.aggregate_id.as_str())
+            .collect();
         let mut txn = self.pool.begin().await?;
-        let rows = sqlx::query(CLAIM)
-            .bind(limit as i64)
-            .fetch_all(&mut *txn)
-            .await?;
+        let (rows, owned) = match &self.sharding {
+            None => {
+                let sql = format!("{PENDING} ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED");
+                let rows = sqlx::query(AssertSqlSafe(sql))
+                    .bind(limit as i64)
+                    .bind(&types)
+                    .bind(&ids)
+                    .fetch_all(&mut *txn)
+                    .await?;
+                (rows, Vec::new())
+            }
+            Some(sharding) => {
+                // Transaction-local: a paused relay's claim ends after the
+                // batch timeout, and rows a previous owner still holds are
+                // waited for, not skipped, for at most a few seconds.
+                sqlx::query(
+                    "SELECT set_config('idle_in_transaction_session_timeout', $1, true), \
+                     set_config('lock_timeout', '5s', true)",
+                )
+                .bind(sharding.config.batch_timeout.as_millis().to_string())
+                .execute(&mut *txn)
+                .await?;
+                let owned = owned_shards(&mut txn, &sharding.config.instance, true).await?;
+                if owned.is_empty() {
+                    (Vec::new(), owned)
+                } else {
+                    let shards: Vec<i64> = owned.iter().map(|(shard, _)| *shard).collect();
+                    let sql = format!(
+                        "{PENDING} AND {SHARD_OF_ROW} = ANY($5::bigint[]) ORDER BY seq LIMIT $1 FOR UPDATE"
+                    );
+                    let rows = sqlx::query(AssertSqlSafe(sql))
+                        .bind(limit as i64)
+                        .bind(&types)
+                        .bind(&ids)
+                        .bind(i64::from(sharding.config.count))
+                        .bind(&shards)
+                        .fetch_all(&mut *txn)
+                        .await?;
+                    (rows, owned)
+                }
+            }
+        };
         let records = rows
             .iter()
             .map(|row| {
@@ -85,7 +178,12 @@ impl Source for PostgresSource {
         Ok(Box::new(PostgresClaim {
             txn,
             records,
-            options: self.options,
+            delete_on_publish: self.delete_on_publish,
+            fencing: self.sharding.as_ref().map(|sharding| Fencing {
+                instance: sharding.config.instance.clone(),
+                owned,
+                membership: sharding.membership.clone(),
+            }),
         }))
     }
 
@@ -143,14 +241,88 @@ impl Source for PostgresSource {
             oldest_pending_age_seconds: row.try_get(1)?,
             dead_letters: row.try_get(2)?,
             published: row.try_get(3)?,
+            dead_letter_rows: dead_letters(&self.pool).await?,
         })
     }
+
+    async fn close(&self) {
+        if let Some(sharding) = &self.sharding {
+            sharding.heartbeat.abort();
+            shards::leave(sharding.store.as_ref(), &sharding.config).await;
+        }
+    }
+
+    async fn redrive(
+        &self,
+        ids: &[String],
+        aggregate_type: Option<&str>,
+    ) -> Result<u64, SourceError> {
+        let filter = redrive_filter("id::text", ids.len(), aggregate_type.is_some(), |n| {
+            format!("${n}")
+        });
+        let sql = format!("UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 WHERE {filter}");
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for id in ids {
+            query = query.bind(id);
+        }
+        if let Some(aggregate_type) = aggregate_type {
+            query = query.bind(aggregate_type);
+        }
+        Ok(query.execute(&self.pool).await?.rows_affected())
+    }
+}
+
+async fn dead_letters(pool: &PgPool) -> Result<Vec<DeadLetter>, SourceError> {
+    let rows = sqlx::query(
+        "SELECT id::text, aggregatetype, aggregateid, type, attempts, last_error FROM outbox \
+         WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT $1",
+    )
+    .bind(DEAD_LETTERS_SHOWN)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(dead_letter)
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Into::into)
+}
+
+fn dead_letter(row: &sqlx::postgres::PgRow) -> Result<DeadLetter, sqlx::Error> {
+    Ok(DeadLetter {
+        id: row.try_get(0)?,
+        aggregate_type: row.try_get(1)?,
+        aggregate_id: row.try_get(2)?,
+        event_type: row.try_get(3)?,
+        attempts: row.try_get(4)?,
+        last_error: row.try_get(5)?,
+    })
+}
+
+/// This instance's shards and their epochs, `FOR SHARE` when claiming.
+async fn owned_shards(
+    txn: &mut Transaction<'static, Postgres>,
+    instance: &str,
+    lock: bool,
+) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+    let sql = if lock {
+        "SELECT shard::bigint, epoch FROM outbox_relay_shard \
+         WHERE owner = $1 AND lease_until > now() ORDER BY shard FOR SHARE"
+    } else {
+        "SELECT shard::bigint, epoch FROM outbox_relay_shard WHERE owner = $1 ORDER BY shard"
+    };
+    let rows = sqlx::query(sql)
+        .bind(instance)
+        .fetch_all(&mut **txn)
+        .await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .collect()
 }
 
 struct PostgresClaim {
     txn: Transaction<'static, Postgres>,
     records: Vec<OutboxRecord>,
-    options: SourceOptions,
+    delete_on_publish: bool,
+    fencing: Option<Fencing>,
 }
 
 #[async_trait]
@@ -159,9 +331,16 @@ impl Claim for PostgresClaim {
         &self.records
     }
 
+    fn lease_valid(&self) -> bool {
+        self.fencing.as_ref().is_none_or(Fencing::lease_valid)
+    }
+
     async fn settle(mut self: Box<Self>, settlement: &Settlement) -> Result<(), SourceError> {
+        if let Some(fencing) = &self.fencing {
+            fencing.check(&owned_shards(&mut self.txn, &fencing.instance, false).await?)?;
+        }
         if !settlement.published.is_empty() {
-            let sql = if self.options.delete_on_publish {
+            let sql = if self.delete_on_publish {
                 "DELETE FROM outbox WHERE id = ANY($1::uuid[])"
             } else {
                 "UPDATE outbox SET published_at = now() WHERE id = ANY($1::uuid[])"
@@ -200,6 +379,113 @@ impl Claim for PostgresClaim {
             .await?;
         }
         self.txn.commit().await?;
+        Ok(())
+    }
+}
+
+/// Shard ownership statements on PostgreSQL.
+struct PgShardStore {
+    pool: PgPool,
+}
+
+#[async_trait]
+impl ShardStore for PgShardStore {
+    async fn prepare(&self, count: u32) -> Result<(), SourceError> {
+        sqlx::query(
+            "INSERT INTO outbox_relay_shard (shard) SELECT generate_series(0, $1 - 1) \
+             ON CONFLICT (shard) DO NOTHING",
+        )
+        .bind(count as i32)
+        .execute(&self.pool)
+        .await?;
+        let highest: Option<i32> = sqlx::query_scalar("SELECT max(shard) FROM outbox_relay_shard")
+            .fetch_one(&self.pool)
+            .await?;
+        match highest {
+            Some(highest) if highest as i64 + 1 > i64::from(count) => {
+                Err(SourceError::ShardCount {
+                    configured: count,
+                    found: highest as i64 + 1,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn heartbeat(&self, instance: &str, lease: Duration) -> Result<usize, SourceError> {
+        sqlx::query(
+            "INSERT INTO outbox_relay_instance (id, lease_until) \
+             VALUES ($1, now() + make_interval(secs => $2)) \
+             ON CONFLICT (id) DO UPDATE SET lease_until = excluded.lease_until",
+        )
+        .bind(instance)
+        .bind(lease.as_secs_f64())
+        .execute(&self.pool)
+        .await?;
+        sqlx::query("DELETE FROM outbox_relay_instance WHERE lease_until < now()")
+            .execute(&self.pool)
+            .await?;
+        let live: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_relay_instance")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(live as usize)
+    }
+
+    async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<i32>, SourceError> {
+        Ok(sqlx::query_scalar(
+            "UPDATE outbox_relay_shard SET lease_until = now() + make_interval(secs => $2) \
+             WHERE owner = $1 RETURNING shard",
+        )
+        .bind(instance)
+        .bind(lease.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn acquire(
+        &self,
+        instance: &str,
+        lease: Duration,
+        want: usize,
+    ) -> Result<Vec<i32>, SourceError> {
+        Ok(sqlx::query_scalar(
+            "UPDATE outbox_relay_shard SET owner = $1, epoch = epoch + 1, \
+             lease_until = now() + make_interval(secs => $2) \
+             WHERE shard IN (SELECT shard FROM outbox_relay_shard \
+               WHERE owner IS NULL OR lease_until < now() \
+               ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED) \
+             RETURNING shard",
+        )
+        .bind(instance)
+        .bind(lease.as_secs_f64())
+        .bind(want as i64)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn release(&self, instance: &str, shards: &[i32]) -> Result<(), SourceError> {
+        sqlx::query(
+            "UPDATE outbox_relay_shard SET owner = NULL, lease_until = NULL \
+             WHERE owner = $1 AND shard = ANY($2)",
+        )
+        .bind(instance)
+        .bind(shards)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn leave(&self, instance: &str) -> Result<(), SourceError> {
+        sqlx::query(
+            "UPDATE outbox_relay_shard SET owner = NULL, lease_until = NULL WHERE owner = $1",
+        )
+        .bind(instance)
+        .execute(&self.pool)
+        .await?;
+        sqlx::query("DELETE FROM outbox_relay_instance WHERE id = $1")
+            .bind(instance)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 }

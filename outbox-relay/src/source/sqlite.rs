@@ -10,7 +10,10 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use sqlx::{AssertSqlSafe, Row};
 
-use super::{Claim, Settlement, Source, SourceError, SourceOptions, Status, question_marks};
+use super::{
+    AggregateKey, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
+    SourceOptions, Status, question_mark_pairs, question_marks, redrive_filter,
+};
 use crate::record::OutboxRecord;
 
 /// SQLite's `now` in the format of the table's `created_at` default.
@@ -22,7 +25,7 @@ const CHUNK: usize = 500;
 /// Pending rows of an SQLite database file.
 pub struct SqliteSource {
     pool: SqlitePool,
-    options: SourceOptions,
+    delete_on_publish: bool,
 }
 
 impl SqliteSource {
@@ -34,7 +37,10 @@ impl SqliteSource {
             .max_connections(2)
             .connect_with(connect_options)
             .await?;
-        Ok(Self { pool, options })
+        Ok(Self {
+            pool,
+            delete_on_publish: options.delete_on_publish,
+        })
     }
 }
 
@@ -47,15 +53,30 @@ impl Source for SqliteSource {
         Ok(())
     }
 
-    async fn claim(&self, limit: usize) -> Result<Box<dyn Claim>, SourceError> {
-        let rows = sqlx::query(
+    async fn claim(
+        &self,
+        limit: usize,
+        excluded: &[AggregateKey],
+    ) -> Result<Box<dyn Claim>, SourceError> {
+        let exclusion = if excluded.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " AND (aggregatetype, aggregateid) NOT IN (VALUES {})",
+                question_mark_pairs(excluded.len())
+            )
+        };
+        let sql = format!(
             "SELECT id, aggregatetype, aggregateid, type, payload, event_version, \
              aggregate_seq, traceparent, seq, attempts FROM outbox \
-             WHERE published_at IS NULL AND dead_lettered_at IS NULL ORDER BY seq LIMIT ?",
-        )
-        .bind(limit as i64)
-        .fetch_all(&self.pool)
-        .await?;
+             WHERE published_at IS NULL AND dead_lettered_at IS NULL{exclusion} \
+             ORDER BY seq LIMIT ?"
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for key in excluded {
+            query = query.bind(&key.aggregate_type).bind(&key.aggregate_id);
+        }
+        let rows = query.bind(limit as i64).fetch_all(&self.pool).await?;
         let records = rows
             .iter()
             .map(|row| {
@@ -76,7 +97,7 @@ impl Source for SqliteSource {
         Ok(Box::new(SqliteClaim {
             pool: self.pool.clone(),
             records,
-            options: self.options,
+            delete_on_publish: self.delete_on_publish,
         }))
     }
 
@@ -115,14 +136,59 @@ impl Source for SqliteSource {
             oldest_pending_age_seconds: row.try_get(1)?,
             dead_letters: row.try_get(2)?,
             published: row.try_get(3)?,
+            dead_letter_rows: dead_letters(&self.pool).await?,
         })
     }
+
+    async fn redrive(
+        &self,
+        ids: &[String],
+        aggregate_type: Option<&str>,
+    ) -> Result<u64, SourceError> {
+        let filter = redrive_filter("id", ids.len(), aggregate_type.is_some(), |_| {
+            "?".to_owned()
+        });
+        let sql = format!("UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 WHERE {filter}");
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for id in ids {
+            query = query.bind(id);
+        }
+        if let Some(aggregate_type) = aggregate_type {
+            query = query.bind(aggregate_type);
+        }
+        Ok(query.execute(&self.pool).await?.rows_affected())
+    }
+}
+
+async fn dead_letters(pool: &SqlitePool) -> Result<Vec<DeadLetter>, SourceError> {
+    let rows = sqlx::query(
+        "SELECT id, aggregatetype, aggregateid, type, attempts, last_error FROM outbox \
+         WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT ?",
+    )
+    .bind(DEAD_LETTERS_SHOWN)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(dead_letter)
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Into::into)
+}
+
+fn dead_letter(row: &sqlx::sqlite::SqliteRow) -> Result<DeadLetter, sqlx::Error> {
+    Ok(DeadLetter {
+        id: row.try_get(0)?,
+        aggregate_type: row.try_get(1)?,
+        aggregate_id: row.try_get(2)?,
+        event_type: row.try_get(3)?,
+        attempts: row.try_get(4)?,
+        last_error: row.try_get(5)?,
+    })
 }
 
 struct SqliteClaim {
     pool: SqlitePool,
     records: Vec<OutboxRecord>,
-    options: SourceOptions,
+    delete_on_publish: bool,
 }
 
 #[async_trait]
@@ -136,7 +202,7 @@ impl Claim for SqliteClaim {
             return Ok(());
         }
         let mut txn = self.pool.begin().await?;
-        let action = if self.options.delete_on_publish {
+        let action = if self.delete_on_publish {
             "DELETE FROM outbox".to_owned()
         } else {
             format!("UPDATE outbox SET published_at = {NOW}")

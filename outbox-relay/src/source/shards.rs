@@ -1,0 +1,270 @@
+//! Sharing the work between relay instances on one database.
+//!
+//! Every row belongs to one of `count` shards, a stable hash of its
+//! aggregate, so all events of an aggregate share a shard. Each shard has at
+//! most one owner at a time: the instance holding an unexpired lease in
+//! `outbox_relay_shard`, whose `epoch` grows at every change of owner. Each
+//! instance heartbeats its row in `outbox_relay_instance` and takes a fair
+//! share of the shards (`ceil(count / live instances)`), releasing extras
+//! when instances join and picking up shards whose owner stopped (released
+//! at once) or died (lease expired).
+//!
+//! A claim holds its shard rows share-locked until the batch is marked, so
+//! no other instance can take them over mid-batch; the mark re-checks the
+//! epochs (fencing); and the relay does not publish a batch once its local
+//! view of the lease has expired (for example after being paused).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use tokio::task::JoinHandle;
+
+use super::SourceError;
+
+/// How an instance takes part in shard ownership.
+#[derive(Debug, Clone)]
+pub struct ShardConfig {
+    /// Number of shards; every instance on a database must use the same.
+    pub count: u32,
+    /// How long an owner keeps its shards without renewing them; an
+    /// instance that dies loses them after this long.
+    pub lease: Duration,
+    /// This instance's id, unique among the live instances.
+    pub instance: String,
+    /// The longest a batch may hold its claim (send timeout plus lease);
+    /// past it the database ends the claim's transaction, releasing the
+    /// rows of a paused instance to the shards' next owner.
+    pub batch_timeout: Duration,
+}
+
+impl Default for ShardConfig {
+    fn default() -> Self {
+        Self {
+            count: 16,
+            lease: Duration::from_secs(10),
+            instance: default_instance_id(),
+            batch_timeout: Duration::from_secs(40),
+        }
+    }
+}
+
+/// `host-pid-random`, readable in `status` and unique across restarts.
+pub fn default_instance_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|name| name.trim().to_owned())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "relay".to_owned());
+    let random = uuid::Uuid::now_v7().simple().to_string();
+    format!(
+        "{host}-{}-{}",
+        std::process::id(),
+        &random[random.len() - 6..]
+    )
+}
+
+/// The ownership statements of one database.
+#[async_trait]
+pub(crate) trait ShardStore: Send + Sync {
+    /// Creates the shard rows `0..count`; fails when rows beyond `count`
+    /// exist (instances disagree on the shard count).
+    async fn prepare(&self, count: u32) -> Result<(), SourceError>;
+
+    /// Extends this instance's registration, forgets expired instances and
+    /// returns the number of live ones (this one included).
+    async fn heartbeat(&self, instance: &str, lease: Duration) -> Result<usize, SourceError>;
+
+    /// Extends the leases of the shards this instance owns; returns them.
+    async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<i32>, SourceError>;
+
+    /// Takes up to `want` free or expired shards; returns those taken.
+    async fn acquire(
+        &self,
+        instance: &str,
+        lease: Duration,
+        want: usize,
+    ) -> Result<Vec<i32>, SourceError>;
+
+    /// Gives up `shards`.
+    async fn release(&self, instance: &str, shards: &[i32]) -> Result<(), SourceError>;
+
+    /// Gives up every shard and unregisters.
+    async fn leave(&self, instance: &str) -> Result<(), SourceError>;
+}
+
+/// This instance's view of its shards, kept current by [`run_membership`].
+#[derive(Debug, Default)]
+pub(crate) struct Membership {
+    lease_valid_until: Mutex<Option<Instant>>,
+}
+
+impl Membership {
+    /// Whether the last successful renewal still covers `now`.
+    pub fn lease_valid(&self, now: Instant) -> bool {
+        self.lease_valid_until
+            .lock()
+            .expect("membership lock")
+            .is_some_and(|until| now < until)
+    }
+
+    fn renewed(&self, at: Instant, lease: Duration) {
+        // A margin for clock drift between the relay and the database.
+        let valid = lease.mul_f32(0.8);
+        *self.lease_valid_until.lock().expect("membership lock") = Some(at + valid);
+    }
+}
+
+/// What a sharded claim must still hold when it marks its rows.
+pub(crate) struct Fencing {
+    /// This instance.
+    pub instance: String,
+    /// `(shard, epoch)` pairs held when the batch was claimed.
+    pub owned: Vec<(i64, i64)>,
+    /// This instance's view of its lease.
+    pub membership: Arc<Membership>,
+}
+
+impl Fencing {
+    /// Whether the lease, as this instance knows it, still covers now.
+    pub fn lease_valid(&self) -> bool {
+        self.membership.lease_valid(Instant::now())
+    }
+
+    /// Fails with the shards whose owner or epoch changed since the claim.
+    pub fn check(&self, now_owned: &[(i64, i64)]) -> Result<(), SourceError> {
+        let lost: Vec<i64> = self
+            .owned
+            .iter()
+            .filter(|held| !now_owned.contains(held))
+            .map(|(shard, _)| *shard)
+            .collect();
+        if lost.is_empty() {
+            Ok(())
+        } else {
+            Err(SourceError::Fenced(lost))
+        }
+    }
+}
+
+/// Joins the shard owners: one round at once (so a lone instance starts
+/// with every shard), then a round every heartbeat until the returned task
+/// is aborted.
+pub(crate) async fn join(
+    store: Arc<dyn ShardStore>,
+    config: ShardConfig,
+) -> Result<(Arc<Membership>, JoinHandle<()>), SourceError> {
+    store.prepare(config.count).await?;
+    let membership = Arc::new(Membership::default());
+    round(store.as_ref(), &config, &membership).await?;
+    let task = tokio::spawn(run_membership(store, config, membership.clone()));
+    Ok((membership, task))
+}
+
+fn heartbeat_interval(lease: Duration) -> Duration {
+    (lease / 3).min(Duration::from_secs(1))
+}
+
+async fn run_membership(
+    store: Arc<dyn ShardStore>,
+    config: ShardConfig,
+    membership: Arc<Membership>,
+) {
+    let interval = heartbeat_interval(config.lease);
+    loop {
+        tokio::time::sleep(interval).await;
+        if let Err(error) = round(store.as_ref(), &config, &membership).await {
+            tracing::warn!(%error, "cannot renew shard leases; retrying");
+        }
+    }
+}
+
+/// One heartbeat: renew, then release or acquire towards a fair share.
+async fn round(
+    store: &dyn ShardStore,
+    config: &ShardConfig,
+    membership: &Membership,
+) -> Result<(), SourceError> {
+    let started = Instant::now();
+    let live = store
+        .heartbeat(&config.instance, config.lease)
+        .await?
+        .max(1);
+    let mut owned = store.renew(&config.instance, config.lease).await?;
+    membership.renewed(started, config.lease);
+    let fair = (config.count as usize).div_ceil(live);
+    if owned.len() > fair {
+        owned.sort_unstable();
+        let extra = owned.split_off(fair);
+        store.release(&config.instance, &extra).await?;
+        tracing::info!(released = ?extra, live, "handed shards over to other instances");
+    } else if owned.len() < fair {
+        let taken = store
+            .acquire(&config.instance, config.lease, fair - owned.len())
+            .await?;
+        if !taken.is_empty() {
+            tracing::info!(shards = ?taken, live, "took over shards");
+        }
+    }
+    Ok(())
+}
+
+/// Leaves at shutdown so that other instances take the shards over at once.
+pub(crate) async fn leave(store: &dyn ShardStore, config: &ShardConfig) {
+    match store.leave(&config.instance).await {
+        Ok(()) => tracing::info!("released every shard"),
+        Err(error) => {
+            tracing::warn!(%error, "cannot release the shards; they expire with the lease")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_are_frequent_enough_for_the_lease() {
+        assert_eq!(
+            heartbeat_interval(Duration::from_secs(10)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            heartbeat_interval(Duration::from_millis(900)),
+            Duration::from_millis(300)
+        );
+    }
+
+    #[test]
+    fn a_lease_is_trusted_for_most_of_its_length() {
+        let membership = Membership::default();
+        let now = Instant::now();
+        assert!(
+            !membership.lease_valid(now),
+            "no lease before the first renewal"
+        );
+        membership.renewed(now, Duration::from_secs(10));
+        assert!(membership.lease_valid(now + Duration::from_secs(7)));
+        assert!(!membership.lease_valid(now + Duration::from_secs(9)));
+    }
+
+    #[test]
+    fn a_changed_epoch_fences_the_mark() {
+        let fencing = Fencing {
+            instance: "me".into(),
+            owned: vec![(0, 3), (1, 7)],
+            membership: Arc::default(),
+        };
+        assert!(fencing.check(&[(0, 3), (1, 7), (2, 1)]).is_ok());
+        match fencing.check(&[(0, 3), (1, 8)]) {
+            Err(SourceError::Fenced(lost)) => assert_eq!(lost, [1]),
+            other => panic!("expected fencing, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn instance_ids_are_unique() {
+        assert_ne!(default_instance_id(), default_instance_id());
+    }
+}

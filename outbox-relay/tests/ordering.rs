@@ -1,0 +1,243 @@
+//! Ordering and delivery under failures, with the relay as a library:
+//! rows committed out of sequence order, a crash between the broker's
+//! acknowledgement and the mark, and broker errors injected mid-batch with
+//! librdkafka's mock cluster.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_relay::message::TopicTemplate;
+use outbox_relay::relay::{Relay, RelayOptions};
+use outbox_relay::shutdown::Shutdown;
+use outbox_relay::sink::Sink;
+use outbox_relay::sink::kafka::{KafkaOptions, KafkaSink};
+use outbox_relay::source::{self, Settlement, SourceOptions};
+use outbox_tests::kafka;
+use outbox_tests::stream::{append_events, check_stream, seed};
+use outbox_tests::{Backend, TestDb};
+use rdkafka::mocking::MockCluster;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use sea_orm::TransactionTrait;
+
+/// Shows the relay's own logs in a failing test's output (`TEST_LOG` sets
+/// the filter).
+fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            std::env::var("TEST_LOG").unwrap_or_else(|_| "outbox_relay=info".into()),
+        ))
+        .with_test_writer()
+        .try_init();
+}
+
+fn relay_options() -> RelayOptions {
+    RelayOptions {
+        batch_size: 100,
+        poll_interval: Duration::from_millis(50),
+        drain: true,
+        retention: None,
+        ..RelayOptions::default()
+    }
+}
+
+async fn kafka_sink(brokers: &str) -> Arc<dyn Sink> {
+    logs();
+    Arc::new(
+        KafkaSink::connect(KafkaOptions {
+            brokers: brokers.to_owned(),
+            send_timeout: Duration::from_secs(10),
+            ..KafkaOptions::default()
+        })
+        .await
+        .expect("kafka sink"),
+    )
+}
+
+async fn drain(t: &TestDb, sink: Arc<dyn Sink>, topics: &str) {
+    let source = source::connect(&t.url, SourceOptions::default())
+        .await
+        .unwrap();
+    let relay = Relay::new(
+        Arc::from(source),
+        sink,
+        TopicTemplate::new(format!("{topics}.{{aggregatetype}}")),
+        relay_options(),
+    );
+    let (_trigger, shutdown) = Shutdown::manual();
+    relay.run(shutdown).await.expect("relay run");
+}
+
+/// A transaction that inserted first but commits last is not skipped: the
+/// relay claims by state, not by a "last id seen" cursor.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_committed_out_of_sequence_order_are_published() {
+    let brokers = kafka::brokers();
+    let topics = kafka::topic_prefix("late");
+    let t = TestDb::new(Backend::Postgres).await;
+
+    let early = t.db.begin().await.unwrap();
+    let late_commit = outbox_core::append(
+        &early,
+        [
+            outbox_core::OutboxEvent::new(outbox_tests::events::InvoiceIssuedV2 {
+                amount_cents: 1,
+                note: Some("inserted first, committed last".into()),
+            })
+            .aggregate_id("slow"),
+        ],
+    )
+    .await
+    .unwrap();
+    let quick = append_events(&t.db, "quick", 2).await;
+
+    let sink = kafka_sink(&brokers).await;
+    drain(&t, sink.clone(), &topics).await;
+    assert_eq!(t.count("outbox WHERE published_at IS NOT NULL").await, 2);
+
+    early.commit().await.unwrap();
+    drain(&t, sink, &topics).await;
+
+    let messages = kafka::consume(
+        &brokers,
+        &format!("{topics}.Invoice"),
+        3,
+        Duration::from_secs(20),
+        Duration::from_millis(300),
+    );
+    let ids: Vec<String> = quick
+        .iter()
+        .chain(&late_commit)
+        .map(|event| event.id.to_string())
+        .collect();
+    check_stream(&messages, &ids);
+    assert_eq!(messages.last().unwrap().key.as_deref(), Some("slow"));
+    t.drop().await;
+}
+
+/// The relay dies after the broker acknowledged a batch but before the
+/// mark committed: the rows stay pending and are published again. A
+/// consumer deduplicating by the `id` header applies each event once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_between_ack_and_mark_duplicates_but_loses_nothing() {
+    let brokers = kafka::brokers();
+    let topics = kafka::topic_prefix("ackmark");
+    let t = TestDb::new(Backend::Postgres).await;
+    let ids = seed(&t.db, 5, 10, 10).await;
+    let sink = kafka_sink(&brokers).await;
+
+    // Claim and publish one batch, then "crash": the claim is dropped
+    // unsettled, so its transaction rolls back.
+    let source = source::connect(&t.url, SourceOptions::default())
+        .await
+        .unwrap();
+    let claim = source.claim(20, &[]).await.unwrap();
+    let template = TopicTemplate::new(format!("{topics}.{{aggregatetype}}"));
+    let messages: Vec<_> = claim
+        .records()
+        .iter()
+        .map(|r| template.message(r))
+        .collect();
+    let outcomes = sink.publish(&messages).await;
+    assert!(
+        outcomes.iter().all(Result::is_ok),
+        "the broker acknowledged the batch"
+    );
+    drop(claim);
+    assert_eq!(t.count("outbox WHERE published_at IS NULL").await, 50);
+
+    drain(&t, sink, &topics).await;
+    let consumed = kafka::consume(
+        &brokers,
+        &format!("{topics}.Invoice"),
+        70,
+        Duration::from_secs(20),
+        Duration::from_millis(500),
+    );
+    let report = check_stream(&consumed, &ids);
+    assert_eq!(
+        report.duplicates, 20,
+        "the acknowledged batch arrived twice"
+    );
+
+    let mut applied = HashSet::new();
+    let effects = consumed
+        .iter()
+        .filter(|message| applied.insert(message.header("id").unwrap().to_owned()))
+        .count();
+    assert_eq!(
+        effects, 50,
+        "deduplicating by event id applies each event once"
+    );
+    t.drop().await;
+}
+
+/// Produce requests fail mid-stream on librdkafka's mock cluster, with
+/// retriable and non-retriable errors: every event arrives, and no event
+/// of an aggregate overtakes an earlier one.
+#[tokio::test(flavor = "multi_thread")]
+async fn injected_broker_errors_mid_batch_keep_per_aggregate_order() {
+    let mock = MockCluster::new(1).expect("mock cluster");
+    let brokers = mock.bootstrap_servers();
+    let topics = kafka::topic_prefix("mock");
+    let topic = format!("{topics}.Invoice");
+    mock.create_topic(&topic, 3, 1).expect("mock topic");
+    let t = TestDb::new(Backend::Postgres).await;
+    let ids = seed(&t.db, 20, 50, 10).await;
+
+    let sink = kafka_sink(&brokers).await;
+    let source = source::connect(&t.url, SourceOptions::default())
+        .await
+        .unwrap();
+    let relay = Relay::new(
+        Arc::from(source),
+        sink,
+        TopicTemplate::new(format!("{topics}.{{aggregatetype}}")),
+        RelayOptions {
+            batch_size: 50,
+            ..relay_options()
+        },
+    );
+    let run = tokio::spawn(async move {
+        let (_trigger, shutdown) = Shutdown::manual();
+        relay.run(shutdown).await
+    });
+
+    use RDKafkaRespErr::*;
+    let bursts: [&[RDKafkaRespErr]; 4] = [
+        &[RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 3],
+        &[
+            RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+            RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+        ],
+        &[RD_KAFKA_RESP_ERR_INVALID_RECORD],
+        &[RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND; 2],
+    ];
+    for burst in bursts {
+        mock.request_errors(RDKafkaApiKey::Produce, burst);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    run.await.unwrap().expect("relay run");
+    assert_eq!(t.count("outbox WHERE published_at IS NULL").await, 0);
+
+    let messages = kafka::consume(
+        &brokers,
+        &topic,
+        ids.len(),
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+    );
+    let report = check_stream(&messages, &ids);
+    eprintln!(
+        "{} messages for {} events ({} duplicates)",
+        messages.len(),
+        ids.len(),
+        report.duplicates
+    );
+    t.drop().await;
+}
+
+#[test]
+fn settlement_is_empty_by_default() {
+    assert!(Settlement::default().is_empty());
+}

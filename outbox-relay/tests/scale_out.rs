@@ -1,0 +1,334 @@
+//! Several relays on one database: they share the shards, each aggregate
+//! has one owner at a time, an instance that dies or pauses loses its
+//! shards, and through all of it every event arrives with per-aggregate
+//! order intact (checked on the consumed stream by `aggregateSequence`).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use outbox_tests::kafka;
+use outbox_tests::process::RelayProcess;
+use outbox_tests::stream::{append_events, check_stream};
+use outbox_tests::{Backend, TestDb};
+use sea_orm::DatabaseConnection;
+
+const RELAY: &str = env!("CARGO_BIN_EXE_outbox-relay");
+
+struct Cluster {
+    url: String,
+    brokers: String,
+    template: String,
+    extra: Vec<String>,
+}
+
+impl Cluster {
+    fn start(&self, instance: &str) -> RelayProcess {
+        let mut args = vec![
+            "run",
+            "--instance-id",
+            instance,
+            "--batch-size",
+            "50",
+            "--poll-interval",
+            "100ms",
+            "--topic-template",
+            &self.template,
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        RelayProcess::spawn(
+            Path::new(RELAY),
+            &args,
+            &[
+                ("DATABASE_URL", &self.url),
+                ("KAFKA_BROKERS", &self.brokers),
+            ],
+        )
+    }
+}
+
+/// Writes `per_aggregate` events to each of `aggregates` aggregates in
+/// rounds of `chunk`, pausing between rounds, while the relays run.
+fn write_in_background(
+    db: DatabaseConnection,
+    aggregates: usize,
+    per_aggregate: usize,
+    chunk: usize,
+    pause: Duration,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let mut ids = Vec::new();
+        let mut written = 0;
+        while written < per_aggregate {
+            for aggregate in 0..aggregates {
+                let appended = append_events(&db, &format!("agg-{aggregate}"), chunk).await;
+                ids.extend(appended.iter().map(|event| event.id.to_string()));
+            }
+            written += chunk;
+            tokio::time::sleep(pause).await;
+        }
+        ids
+    })
+}
+
+async fn owners(t: &TestDb) -> Vec<(String, i64)> {
+    let rows = sea_orm::ConnectionTrait::query_all_raw(
+        &t.db,
+        sea_orm::Statement::from_string(
+            t.db_backend(),
+            "SELECT owner, COUNT(*) FROM outbox_relay_shard WHERE owner IS NOT NULL \
+             GROUP BY owner ORDER BY owner",
+        ),
+    )
+    .await
+    .unwrap();
+    rows.iter()
+        .map(|row| {
+            (
+                row.try_get_by_index(0).unwrap(),
+                row.try_get_by_index(1).unwrap(),
+            )
+        })
+        .collect()
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn drained(t: &TestDb, expected: usize) {
+    wait_until(
+        "every event is published",
+        Duration::from_secs(120),
+        async || t.count("outbox WHERE published_at IS NOT NULL").await as usize >= expected,
+    )
+    .await;
+}
+
+/// Three relays over 200 aggregates x 50 events; one is killed with SIGKILL
+/// and restarted several times while events are written.
+#[tokio::test(flavor = "multi_thread")]
+async fn three_relays_with_one_killed_repeatedly_deliver_everything_in_order() {
+    let brokers = kafka::brokers();
+    let topics = kafka::topic_prefix("three");
+    let t = TestDb::new(Backend::Postgres).await;
+    let cluster = Cluster {
+        url: t.url.clone(),
+        brokers: brokers.clone(),
+        template: format!("{topics}.{{aggregatetype}}"),
+        extra: vec![
+            "--lease".into(),
+            "2s".into(),
+            "--topic-partitions".into(),
+            "4".into(),
+        ],
+    };
+    let writer = write_in_background(t.db.clone(), 200, 50, 5, Duration::from_millis(300));
+    let _steady_a = cluster.start("relay-a");
+    let _steady_b = cluster.start("relay-b");
+    let mut victim = cluster.start("relay-c");
+
+    let all_three = Arc::new(AtomicBool::new(false));
+    wait_until(
+        "three relays share the shards",
+        Duration::from_secs(30),
+        async || owners(&t).await.len() == 3,
+    )
+    .await;
+    all_three.store(true, Ordering::SeqCst);
+
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        victim.kill9();
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        victim = cluster.start("relay-c");
+    }
+    let ids = writer.await.unwrap();
+    drained(&t, ids.len()).await;
+
+    let messages = kafka::consume(
+        &brokers,
+        &format!("{topics}.Invoice"),
+        ids.len(),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    let report = check_stream(&messages, &ids);
+    assert_eq!(report.distinct, 200 * 50);
+    eprintln!(
+        "{} events, {} messages, {} duplicates after 4 SIGKILLs",
+        ids.len(),
+        messages.len(),
+        report.duplicates
+    );
+    t.drop().await;
+}
+
+/// A relay paused (SIGSTOP) past its lease loses its shards to the other;
+/// resumed (SIGCONT), it neither marks nor publishes what it no longer
+/// owns, and the shards are shared again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_relay_loses_its_shards_and_cannot_disorder_them() {
+    let brokers = kafka::brokers();
+    let topics = kafka::topic_prefix("paused");
+    let t = TestDb::new(Backend::Postgres).await;
+    let cluster = Cluster {
+        url: t.url.clone(),
+        brokers: brokers.clone(),
+        template: format!("{topics}.{{aggregatetype}}"),
+        extra: vec![
+            "--lease".into(),
+            "2s".into(),
+            "--send-timeout".into(),
+            "2s".into(),
+        ],
+    };
+    let writer = write_in_background(t.db.clone(), 50, 60, 3, Duration::from_millis(150));
+    let paused = cluster.start("relay-paused");
+    let _other = cluster.start("relay-other");
+    wait_until(
+        "both relays own shards",
+        Duration::from_secs(30),
+        async || owners(&t).await.len() == 2,
+    )
+    .await;
+
+    paused.signal("STOP");
+    wait_until(
+        "the other relay owns every shard",
+        Duration::from_secs(30),
+        async || owners(&t).await == [("relay-other".to_owned(), 16)],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    paused.signal("CONT");
+
+    let ids = writer.await.unwrap();
+    drained(&t, ids.len()).await;
+    wait_until(
+        "the resumed relay owns shards again",
+        Duration::from_secs(30),
+        async || owners(&t).await.len() == 2,
+    )
+    .await;
+    let messages = kafka::consume(
+        &brokers,
+        &format!("{topics}.Invoice"),
+        ids.len(),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    check_stream(&messages, &ids);
+    t.drop().await;
+}
+
+/// A relay stopped with SIGTERM hands its shards over at once (well before
+/// its lease would expire); one killed with SIGKILL loses them when the
+/// lease expires.
+#[tokio::test(flavor = "multi_thread")]
+async fn shards_move_on_clean_stop_at_once_and_on_kill_after_the_lease() {
+    let brokers = kafka::brokers();
+    let t = TestDb::new(Backend::Postgres).await;
+    let topics = kafka::topic_prefix("handover");
+    let cluster = Cluster {
+        url: t.url.clone(),
+        brokers,
+        template: format!("{topics}.{{aggregatetype}}"),
+        extra: vec!["--lease".into(), "30s".into()],
+    };
+    let _stays = cluster.start("relay-stays");
+    let mut leaves = cluster.start("relay-leaves");
+    wait_until(
+        "both relays own shards",
+        Duration::from_secs(30),
+        async || owners(&t).await.len() == 2,
+    )
+    .await;
+    leaves.signal("TERM");
+    assert_eq!(leaves.wait(Duration::from_secs(20)), Some(0));
+    let stopped = Instant::now();
+    wait_until(
+        "the remaining relay owns every shard",
+        Duration::from_secs(10),
+        async || owners(&t).await == [("relay-stays".to_owned(), 16)],
+    )
+    .await;
+    assert!(
+        stopped.elapsed() < Duration::from_secs(10),
+        "no lease expiry was awaited"
+    );
+
+    let short = Cluster {
+        extra: vec!["--lease".into(), "2s".into()],
+        ..cluster
+    };
+    let t2 = TestDb::new(Backend::Postgres).await;
+    let short = Cluster {
+        url: t2.url.clone(),
+        ..short
+    };
+    let _survivor = short.start("relay-survivor");
+    let mut killed = short.start("relay-killed");
+    wait_until(
+        "both relays own shards",
+        Duration::from_secs(30),
+        async || owners(&t2).await.len() == 2,
+    )
+    .await;
+    killed.kill9();
+    wait_until(
+        "the survivor took the dead relay's shards",
+        Duration::from_secs(15),
+        async || owners(&t2).await == [("relay-survivor".to_owned(), 16)],
+    )
+    .await;
+    t.drop().await;
+    t2.drop().await;
+}
+
+/// Two relays on MariaDB share the work and keep per-aggregate order.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_relays_on_mariadb_share_the_work_in_order() {
+    let brokers = kafka::brokers();
+    let topics = kafka::topic_prefix("maria2");
+    let t = TestDb::new(Backend::MySql).await;
+    let cluster = Cluster {
+        url: t.url.clone(),
+        brokers: brokers.clone(),
+        template: format!("{topics}.{{aggregatetype}}"),
+        extra: vec![
+            "--lease".into(),
+            "2s".into(),
+            "--topic-partitions".into(),
+            "2".into(),
+        ],
+    };
+    let writer = write_in_background(t.db.clone(), 40, 30, 5, Duration::from_millis(200));
+    let _a = cluster.start("relay-a");
+    let mut b = cluster.start("relay-b");
+    wait_until(
+        "both relays own shards",
+        Duration::from_secs(30),
+        async || owners(&t).await.len() == 2,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    b.kill9();
+    let _b = cluster.start("relay-b2");
+    let ids = writer.await.unwrap();
+    drained(&t, ids.len()).await;
+    let messages = kafka::consume(
+        &brokers,
+        &format!("{topics}.Invoice"),
+        ids.len(),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    check_stream(&messages, &ids);
+    t.drop().await;
+}
