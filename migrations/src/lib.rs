@@ -2,9 +2,9 @@
 //!
 //! The DDL lives in plain SQL files under `sql/<backend>/` (apply them with
 //! `psql`, `mariadb` or `sqlite3` if you do not use SeaORM); the migrations
-//! here run exactly those files. Add [`CreateOutbox`] and
-//! [`CreateRelayShards`] to your own `sea-orm-migration` migrator, or run
-//! [`Migrator`] on its own:
+//! here run exactly those files. Add [`CreateOutbox`],
+//! [`CreateRelayShards`] and (for consumers) [`CreateInbox`] to your own
+//! `sea-orm-migration` migrator, or run [`Migrator`] on its own:
 //!
 //! ```no_run
 //! use outbox_migrations::Migrator;
@@ -104,6 +104,28 @@ impl MigrationTrait for CreateRelayShards {
     }
 }
 
+/// Creates the consumers' inbox tables: the ids of the events each consumer
+/// applied (`outbox_inbox`) and the highest sequence number applied per
+/// aggregate (`outbox_inbox_sequence`), used by `outbox_core::Inbox`.
+pub struct CreateInbox;
+
+impl MigrationName for CreateInbox {
+    fn name(&self) -> &str {
+        "m20261129_000003_create_inbox"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for CreateInbox {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run(manager, &sql_files!("0003_create_inbox.up.sql")).await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run(manager, &sql_files!("0003_create_inbox.down.sql")).await
+    }
+}
+
 /// Every outbox migration, in order, tracked in its own table
 /// (`outbox_migrations`) so that the relay's `migrate` and the
 /// application's own migrator never trip over each other's history. The
@@ -113,7 +135,11 @@ pub struct Migrator;
 #[async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(CreateOutbox), Box::new(CreateRelayShards)]
+        vec![
+            Box::new(CreateOutbox),
+            Box::new(CreateRelayShards),
+            Box::new(CreateInbox),
+        ]
     }
 
     fn migration_table_name() -> sea_orm_migration::sea_orm::DynIden {

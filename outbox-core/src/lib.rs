@@ -13,14 +13,24 @@
 //!   follow from a saved row from SeaORM's hooks.
 //! - [`append`] appends events on their own.
 //!
+//! On the consumer's side ([`consume`]):
+//!
+//! - [`EventDecoder`] decodes a consumed message ([`IncomingMessage`]) into
+//!   the typed event by `eventType` and `eventVersion`, upcasting older
+//!   versions through `From` conversions;
+//! - [`Inbox`] applies an event's effect in the consumer's transaction at
+//!   most once: duplicates by event id, and events older than the
+//!   aggregate's last applied one, are skipped; gaps are reported.
+//!
 //! Every event of an aggregate gets a sequence number (1, 2, 3, ...) in the
 //! writing transaction; concurrent writers of one aggregate receive them in
 //! commit order.
 //!
-//! The tables come from the `outbox-migrations` crate.
+//! The tables (outbox and inbox) come from the `outbox-migrations` crate.
 
 mod active_model;
 mod append;
+pub mod consume;
 mod error;
 mod event;
 pub mod hooks;
@@ -28,6 +38,11 @@ mod outbox_event;
 
 pub use active_model::ActiveModelOutboxExt;
 pub use append::{AppendedEvent, OUTBOX_TABLE, SEQUENCE_TABLE, append};
+pub use consume::inbox::{INBOX_SEQUENCE_TABLE, INBOX_TABLE};
+pub use consume::{
+    DecodeError, Decoded, EventDecoder, EventMetadata, Gap, GapPolicy, Inbox, IncomingMessage,
+    Outcome, headers,
+};
 pub use error::OutboxError;
 pub use event::{DomainEvent, EventPayload, EventSchema, FieldSchema};
 pub use hooks::{Change, EmitEvents};

@@ -45,3 +45,39 @@ pub struct Unserializable {
     /// Keys that are not strings.
     pub by_bytes: BTreeMap<Vec<u8>, u8>,
 }
+
+/// Version 1 of `CustomerRegistered`, kept so consumers decode what was
+/// published before version 2.
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize)]
+#[domain_event(aggregate = "Customer", version = 1, name = "CustomerRegistered")]
+pub struct CustomerRegisteredV1 {
+    /// The customer.
+    pub customer_id: i64,
+    /// Full name.
+    pub name: String,
+}
+
+/// Version 2: the name split in two, a change old readers cannot follow,
+/// hence the new version.
+#[derive(Debug, Clone, PartialEq, DomainEvent, Serialize, Deserialize)]
+#[domain_event(aggregate = "Customer", version = 2)]
+pub struct CustomerRegistered {
+    /// The customer.
+    pub customer_id: i64,
+    /// Given name.
+    pub first_name: String,
+    /// Family name.
+    pub last_name: String,
+}
+
+/// The upcast consumers declare once: version 1 read as version 2.
+impl From<CustomerRegisteredV1> for CustomerRegistered {
+    fn from(v1: CustomerRegisteredV1) -> Self {
+        let (first_name, last_name) = v1.name.split_once(' ').unwrap_or((&v1.name, ""));
+        Self {
+            customer_id: v1.customer_id,
+            first_name: first_name.to_owned(),
+            last_name: last_name.to_owned(),
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! [`IncomingMessage`], a consumed message as the decoder and the inbox see
+//! it, and [`EventMetadata`], what its headers and key say about the event.
+//!
+//! The relay publishes each outbox row in the shape of Debezium's Outbox
+//! Event Router: key = `aggregateid`, value = the payload's JSON bytes,
+//! headers [`headers::ID`], [`headers::EVENT_TYPE`],
+//! [`headers::EVENT_VERSION`] and, when the row has them,
+//! [`headers::AGGREGATE_SEQUENCE`] and [`headers::TRACEPARENT`]. Nothing here
+//! depends on a Kafka client: build an [`IncomingMessage`] from whatever
+//! your client hands you.
+
+use uuid::Uuid;
+
+use super::decode::DecodeError;
+
+/// The header names of the message contract (Debezium's Outbox Event Router
+/// names, plus this crate's version and sequence headers).
+pub mod headers {
+    /// The event id (a UUID): what consumers deduplicate by.
+    pub const ID: &str = "id";
+    /// The event type (`DomainEvent::EVENT_TYPE`).
+    pub const EVENT_TYPE: &str = "eventType";
+    /// The payload version (`DomainEvent::VERSION`), a decimal number.
+    pub const EVENT_VERSION: &str = "eventVersion";
+    /// The event's number within its aggregate: 1, 2, 3, ... in commit
+    /// order. Absent for rows written by plain SQL.
+    pub const AGGREGATE_SEQUENCE: &str = "aggregateSequence";
+    /// The W3C trace context, when the event was appended with one.
+    pub const TRACEPARENT: &str = "traceparent";
+}
+
+/// A consumed message: topic, key, value and headers, borrowed from the
+/// Kafka client's message.
+///
+/// ```
+/// use outbox_core::IncomingMessage;
+///
+/// let message = IncomingMessage::new("outbox.event.Order", Some(br#"{"order_id":7}"#))
+///     .key(b"7")
+///     .header("id", b"0190a7e8-0000-7000-8000-000000000001")
+///     .header("eventType", b"OrderPlaced")
+///     .header("eventVersion", b"1")
+///     .header("aggregateSequence", b"1");
+/// assert_eq!(message.header_value("eventType"), Some(&b"OrderPlaced"[..]));
+/// ```
+///
+/// With rdkafka, a `BorrowedMessage` adapts in a few lines: see
+/// `incoming` in `examples/order-consumer/src/kafka.rs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncomingMessage<'a> {
+    /// The topic it was read from. The inbox keeps per-aggregate sequence
+    /// numbers per topic, since aggregate ids are only unique within an
+    /// aggregate type (one topic per aggregate type).
+    pub topic: &'a str,
+    /// The key: the aggregate id.
+    pub key: Option<&'a [u8]>,
+    /// The value: the payload's JSON bytes; `None` for a tombstone.
+    pub payload: Option<&'a [u8]>,
+    /// Headers in the order received; a name given twice counts with its
+    /// last value.
+    pub headers: Vec<(&'a str, &'a [u8])>,
+}
+
+impl<'a> IncomingMessage<'a> {
+    /// A message read from `topic` with `payload` as its value, without key
+    /// or headers yet.
+    pub fn new(topic: &'a str, payload: Option<&'a [u8]>) -> Self {
+        Self {
+            topic,
+            key: None,
+            payload,
+            headers: Vec::new(),
+        }
+    }
+
+    /// Sets the key.
+    pub fn key(mut self, key: &'a [u8]) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// Adds a header.
+    pub fn header(mut self, name: &'a str, value: &'a [u8]) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
+    /// The last value of the header `name`.
+    pub fn header_value(&self, name: &str) -> Option<&'a [u8]> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(header, _)| *header == name)
+            .map(|(_, value)| *value)
+    }
+
+    /// Reads the event's metadata from the headers and key; see
+    /// [`EventMetadata::from_message`].
+    pub fn metadata(&self) -> Result<EventMetadata, DecodeError> {
+        EventMetadata::from_message(self)
+    }
+}
+
+/// What a message's headers and key say about its event: the identity the
+/// inbox deduplicates by, and the type and version the decoder chooses a
+/// struct by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventMetadata {
+    /// The event id (`id` header).
+    pub id: Uuid,
+    /// The event type (`eventType` header).
+    pub event_type: String,
+    /// The payload version (`eventVersion` header).
+    pub version: u32,
+    /// The topic the message was read from.
+    pub topic: String,
+    /// The aggregate id (the message key), if the message has a key.
+    pub aggregate_id: Option<String>,
+    /// The event's number within its aggregate (`aggregateSequence`
+    /// header), if present.
+    pub aggregate_sequence: Option<i64>,
+    /// The W3C trace context (`traceparent` header), if present.
+    pub traceparent: Option<String>,
+}
+
+impl EventMetadata {
+    /// Reads the metadata of `message`.
+    ///
+    /// `id`, `eventType` and `eventVersion` are required; `id` must be a
+    /// UUID, `eventVersion` a positive number, `aggregateSequence` (when
+    /// present) a positive number, and the key and every header read must
+    /// be UTF-8. Anything else is a [`DecodeError`], never a panic.
+    ///
+    /// ```
+    /// use outbox_core::{DecodeError, IncomingMessage};
+    ///
+    /// let message = IncomingMessage::new("outbox.event.Order", Some(b"{}"))
+    ///     .key(b"7")
+    ///     .header("id", b"0190a7e8-0000-7000-8000-000000000001")
+    ///     .header("eventType", b"OrderPlaced")
+    ///     .header("eventVersion", b"2");
+    /// let metadata = message.metadata()?;
+    /// assert_eq!(metadata.version, 2);
+    /// assert_eq!(metadata.aggregate_id.as_deref(), Some("7"));
+    /// assert_eq!(metadata.aggregate_sequence, None);
+    ///
+    /// let unversioned = IncomingMessage::new("outbox.event.Order", Some(b"{}"))
+    ///     .header("id", b"0190a7e8-0000-7000-8000-000000000001")
+    ///     .header("eventType", b"OrderPlaced");
+    /// assert!(matches!(
+    ///     unversioned.metadata(),
+    ///     Err(DecodeError::MissingHeader { header: "eventVersion" })
+    /// ));
+    /// # Ok::<(), DecodeError>(())
+    /// ```
+    pub fn from_message(message: &IncomingMessage<'_>) -> Result<Self, DecodeError> {
+        let id = required_text(message, headers::ID)?;
+        let id = Uuid::parse_str(id).map_err(|_| invalid(headers::ID, id, "expected a UUID"))?;
+        let event_type = required_text(message, headers::EVENT_TYPE)?.to_owned();
+        let version = required_text(message, headers::EVENT_VERSION)?;
+        let version = version
+            .parse::<u32>()
+            .ok()
+            .filter(|version| *version > 0)
+            .ok_or_else(|| invalid(headers::EVENT_VERSION, version, "expected a number from 1"))?;
+        let aggregate_sequence = optional_text(message, headers::AGGREGATE_SEQUENCE)?
+            .map(|sequence| {
+                sequence
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|sequence| *sequence > 0)
+                    .ok_or_else(|| {
+                        invalid(
+                            headers::AGGREGATE_SEQUENCE,
+                            sequence,
+                            "expected a number from 1",
+                        )
+                    })
+            })
+            .transpose()?;
+        let traceparent = optional_text(message, headers::TRACEPARENT)?.map(str::to_owned);
+        let aggregate_id = message
+            .key
+            .map(|key| {
+                std::str::from_utf8(key)
+                    .map(str::to_owned)
+                    .map_err(|_| DecodeError::InvalidKey {
+                        key: String::from_utf8_lossy(key).into_owned(),
+                    })
+            })
+            .transpose()?;
+        Ok(Self {
+            id,
+            event_type,
+            version,
+            topic: message.topic.to_owned(),
+            aggregate_id,
+            aggregate_sequence,
+            traceparent,
+        })
+    }
+}
+
+fn required_text<'a>(
+    message: &IncomingMessage<'a>,
+    header: &'static str,
+) -> Result<&'a str, DecodeError> {
+    optional_text(message, header)?.ok_or(DecodeError::MissingHeader { header })
+}
+
+fn optional_text<'a>(
+    message: &IncomingMessage<'a>,
+    header: &'static str,
+) -> Result<Option<&'a str>, DecodeError> {
+    message
+        .header_value(header)
+        .map(|value| {
+            std::str::from_utf8(value)
+                .map_err(|_| invalid(header, &String::from_utf8_lossy(value), "not UTF-8"))
+        })
+        .transpose()
+}
+
+fn invalid(header: &'static str, value: &str, reason: &'static str) -> DecodeError {
+    DecodeError::InvalidHeader {
+        header,
+        value: value.to_owned(),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &[u8] = b"0190a7e8-0000-7000-8000-000000000001";
+
+    fn message() -> IncomingMessage<'static> {
+        IncomingMessage::new("outbox.event.Order", Some(b"{}"))
+            .key(b"42")
+            .header("id", ID)
+            .header("eventType", b"OrderPlaced")
+            .header("eventVersion", b"2")
+            .header("aggregateSequence", b"7")
+            .header(
+                "traceparent",
+                b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            )
+    }
+
+    #[test]
+    fn reads_every_header_of_the_contract() {
+        let metadata = message().metadata().unwrap();
+        assert_eq!(metadata.id.to_string().as_bytes(), ID);
+        assert_eq!(metadata.event_type, "OrderPlaced");
+        assert_eq!(metadata.version, 2);
+        assert_eq!(metadata.topic, "outbox.event.Order");
+        assert_eq!(metadata.aggregate_id.as_deref(), Some("42"));
+        assert_eq!(metadata.aggregate_sequence, Some(7));
+        assert!(metadata.traceparent.unwrap().starts_with("00-4bf9"));
+    }
+
+    #[test]
+    fn the_last_of_repeated_headers_counts() {
+        let metadata = message().header("eventVersion", b"3").metadata().unwrap();
+        assert_eq!(metadata.version, 3);
+    }
+
+    #[test]
+    fn required_headers_must_be_present() {
+        for required in ["id", "eventType", "eventVersion"] {
+            let mut message = message();
+            message.headers.retain(|(name, _)| *name != required);
+            match message.metadata() {
+                Err(DecodeError::MissingHeader { header }) => assert_eq!(header, required),
+                other => panic!("{required}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_headers_are_errors() {
+        let cases: [(&str, &[u8]); 6] = [
+            ("id", b"42"),
+            ("eventVersion", b"two"),
+            ("eventVersion", b"0"),
+            ("aggregateSequence", b"-1"),
+            ("aggregateSequence", b"x"),
+            ("eventType", b"\xff\xfe"),
+        ];
+        for (name, value) in cases {
+            match message().header(name, value).metadata() {
+                Err(DecodeError::InvalidHeader { header, .. }) => assert_eq!(header, name),
+                other => panic!("{name}={value:?}: {other:?}"),
+            }
+        }
+        let mut bad_key = message();
+        bad_key.key = Some(b"\xff");
+        assert!(matches!(
+            bad_key.metadata(),
+            Err(DecodeError::InvalidKey { .. })
+        ));
+    }
+
+    #[test]
+    fn key_sequence_and_traceparent_are_optional() {
+        let mut message = message();
+        message.key = None;
+        message
+            .headers
+            .retain(|(name, _)| !matches!(*name, "aggregateSequence" | "traceparent"));
+        let metadata = message.metadata().unwrap();
+        assert_eq!(metadata.aggregate_id, None);
+        assert_eq!(metadata.aggregate_sequence, None);
+        assert_eq!(metadata.traceparent, None);
+    }
+}
