@@ -35,6 +35,25 @@ pub struct GlobalArgs {
     /// with `_` for `-`; librdkafka settings under `[kafka]`)
     #[arg(long, short = 'c', env = "OUTBOX_RELAY_CONFIG", global = true)]
     pub config: Option<PathBuf>,
+
+    /// Log lines as text or as JSON objects (levels from RUST_LOG)
+    #[arg(
+        long,
+        env = "OUTBOX_LOG_FORMAT",
+        value_enum,
+        global = true,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written to standard error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines
+    Text,
+    /// One JSON object per line
+    Json,
 }
 
 /// The commands.
@@ -148,6 +167,15 @@ pub struct RunArgs {
     /// This relay's name among the relays of the database [default: host-pid-random]
     #[arg(long, env = "OUTBOX_INSTANCE_ID")]
     pub instance_id: Option<String>,
+
+    /// Serve /metrics (Prometheus), /healthz and /readyz on this address,
+    /// for example 127.0.0.1:9464 [default: off]
+    #[arg(long, env = "OUTBOX_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
+    /// How often the backlog gauges and connection checks are refreshed [default: 5s]
+    #[arg(long, value_parser = parse_duration)]
+    pub metrics_interval: Option<Duration>,
 }
 
 /// Options of `status`.
@@ -156,6 +184,10 @@ pub struct StatusArgs {
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
+
+    /// Exit with code 1 when the oldest pending row is older than this (a check)
+    #[arg(long, value_parser = parse_duration)]
+    pub max_lag: Option<Duration>,
 }
 
 /// Options of `cleanup`.

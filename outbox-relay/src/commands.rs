@@ -9,9 +9,12 @@ use sea_orm_migration::MigratorTrait;
 
 use crate::cli::{CleanupArgs, Cli, Command, RetryArgs, SinkKind, StatusArgs};
 use crate::config::{FileConfig, RunSettings, cleanup_retention, database_url};
+use crate::health::{self, Health};
 use crate::message::TopicTemplate;
+use crate::progress::Progress;
 use crate::redact::redact_url;
 use crate::relay::{Relay, delete_published};
+use crate::server;
 use crate::shutdown::Shutdown;
 use crate::sink::Sink;
 use crate::sink::kafka::KafkaSink;
@@ -32,6 +35,11 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
 
 async fn run(settings: RunSettings) -> anyhow::Result<()> {
     let shutdown = Shutdown::on_signals().context("cannot install signal handlers")?;
+    // Installed first: joining the shards already records metrics.
+    let metrics = match settings.metrics_addr {
+        Some(_) => Some(crate::metrics::install().context("cannot install the metrics recorder")?),
+        None => None,
+    };
     let source: Arc<dyn source::Source> =
         Arc::from(source::connect(&settings.database_url, settings.source).await?);
     let sink: Arc<dyn Sink> = match settings.sink {
@@ -45,6 +53,19 @@ async fn run(settings: RunSettings) -> anyhow::Result<()> {
         batch_size = settings.relay.batch_size,
         "relay started"
     );
+    if let (Some(addr), Some(metrics)) = (settings.metrics_addr, metrics) {
+        let health = Arc::new(Health::default());
+        tokio::spawn(health::monitor(
+            source.clone(),
+            sink.clone(),
+            health.clone(),
+            settings.metrics_interval,
+            shutdown.clone(),
+        ));
+        server::serve(addr, metrics, health, shutdown.clone())
+            .await
+            .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    }
     let relay = Relay::new(
         source.clone(),
         sink,
@@ -85,11 +106,44 @@ async fn status(url: &str, args: &StatusArgs) -> anyhow::Result<()> {
     } else {
         print!("{}", status_table(&status));
     }
+    if let (Some(max_lag), Some(age)) = (args.max_lag, status.backlog.oldest_pending_age_seconds)
+        && age > max_lag.as_secs_f64()
+    {
+        anyhow::bail!(
+            "the oldest pending row is {} old, over --max-lag {}",
+            format_age(age),
+            humantime::format_duration(max_lag)
+        );
+    }
     Ok(())
 }
 
+fn format_age(seconds: f64) -> String {
+    let millis = (seconds.max(0.0) * 1000.0) as u64;
+    humantime::format_duration(Duration::from_millis(millis)).to_string()
+}
+
 fn status_table(status: &Status) -> String {
-    let mut table = status_counts(status);
+    let backlog = &status.backlog;
+    let age = |age: Option<f64>| age.map(format_age).unwrap_or_else(|| "-".to_owned());
+    let mut table = format!(
+        "pending          {}\noldest pending   {}\ndead letters     {}\npublished        {}\n",
+        backlog.pending,
+        age(backlog.oldest_pending_age_seconds),
+        backlog.dead_letters,
+        status.published
+    );
+    if !status.pending_by_type.is_empty() {
+        table.push_str("\npending by aggregate type:\n");
+        for row in &status.pending_by_type {
+            table.push_str(&format!(
+                "  {:<24} {:>8}  oldest {}\n",
+                row.aggregate_type,
+                row.pending,
+                age(row.oldest_pending_age_seconds)
+            ));
+        }
+    }
     if !status.dead_letter_rows.is_empty() {
         table.push_str("\ndead letters (oldest first; re-drive with `outbox-relay retry`):\n");
         for row in &status.dead_letter_rows {
@@ -104,28 +158,33 @@ fn status_table(status: &Status) -> String {
             ));
         }
     }
+    if !status.shard_owners.is_empty() {
+        table.push_str("\nshard owners:\n");
+        for owner in &status.shard_owners {
+            let lease = match owner.lease_expires_in_seconds {
+                Some(seconds) if seconds >= 0.0 => format!("lease {} left", format_age(seconds)),
+                Some(_) => "lease expired".to_owned(),
+                None => "-".to_owned(),
+            };
+            table.push_str(&format!(
+                "  {:<32} {:>3} shards  {}\n",
+                owner.owner, owner.shards, lease
+            ));
+        }
+    }
     table
-}
-
-fn status_counts(status: &Status) -> String {
-    let age = status
-        .oldest_pending_age_seconds
-        .map(|seconds| {
-            humantime::format_duration(Duration::from_millis((seconds.max(0.0) * 1000.0) as u64))
-                .to_string()
-        })
-        .unwrap_or_else(|| "-".to_owned());
-    format!(
-        "pending          {}\noldest pending   {}\ndead letters     {}\npublished        {}\n",
-        status.pending, age, status.dead_letters, status.published
-    )
 }
 
 async fn cleanup(url: &str, args: &CleanupArgs, file: &FileConfig) -> anyhow::Result<()> {
     let retention = cleanup_retention(args, file)?;
     let source = source::connect(url, SourceOptions::default()).await?;
     let shutdown = Shutdown::on_signals().context("cannot install signal handlers")?;
-    let deleted = delete_published(source.as_ref(), &retention, &shutdown).await?;
+    let mut progress = Progress::new("published rows deleted");
+    delete_published(source.as_ref(), &retention, &shutdown, |deleted| {
+        progress.add(deleted)
+    })
+    .await?;
+    let deleted = progress.finish();
     eprintln!(
         "deleted {deleted} published rows older than {}",
         humantime::format_duration(retention.keep_for)
@@ -133,11 +192,22 @@ async fn cleanup(url: &str, args: &CleanupArgs, file: &FileConfig) -> anyhow::Re
     Ok(())
 }
 
+/// Rows per re-drive statement, so no statement holds locks for long.
+const REDRIVE_BATCH: u64 = 1000;
+
 async fn retry(url: &str, args: &RetryArgs) -> anyhow::Result<()> {
     let source = source::connect(url, SourceOptions::default()).await?;
-    let redriven = source
-        .redrive(&args.ids, args.aggregate_type.as_deref())
-        .await?;
+    let mut progress = Progress::new("dead letters re-driven");
+    loop {
+        let redriven = source
+            .redrive(&args.ids, args.aggregate_type.as_deref(), REDRIVE_BATCH)
+            .await?;
+        progress.add(redriven);
+        if redriven < REDRIVE_BATCH {
+            break;
+        }
+    }
+    let redriven = progress.finish();
     eprintln!("{redriven} dead-lettered events are pending again");
     Ok(())
 }
@@ -149,10 +219,17 @@ mod tests {
     #[test]
     fn status_table_reads_well() {
         let table = status_table(&Status {
-            pending: 3,
-            oldest_pending_age_seconds: Some(62.5),
-            dead_letters: 1,
+            backlog: crate::source::Backlog {
+                pending: 3,
+                oldest_pending_age_seconds: Some(62.5),
+                dead_letters: 1,
+            },
             published: 10,
+            pending_by_type: vec![crate::source::TypeBacklog {
+                aggregate_type: "Order".into(),
+                pending: 3,
+                oldest_pending_age_seconds: Some(62.5),
+            }],
             dead_letter_rows: vec![crate::source::DeadLetter {
                 id: "e-1".into(),
                 aggregate_type: "Order".into(),
@@ -161,12 +238,19 @@ mod tests {
                 attempts: 10,
                 last_error: Some("message too large".into()),
             }],
+            shard_owners: vec![crate::source::ShardOwner {
+                owner: "relay-a".into(),
+                shards: 16,
+                lease_expires_in_seconds: Some(8.0),
+            }],
         });
         assert_eq!(
             table,
             "pending          3\noldest pending   1m 2s 500ms\ndead letters     1\npublished        10\n\
+             \npending by aggregate type:\n  Order                           3  oldest 1m 2s 500ms\n\
              \ndead letters (oldest first; re-drive with `outbox-relay retry`):\n  \
-             e-1  Order/7  OrderPlaced  attempts 10  message too large\n"
+             e-1  Order/7  OrderPlaced  attempts 10  message too large\n\
+             \nshard owners:\n  relay-a                           16 shards  lease 8s left\n"
         );
     }
 }

@@ -41,6 +41,8 @@ pub struct FileConfig {
     shards: Option<u32>,
     lease: Option<String>,
     instance_id: Option<String>,
+    metrics_addr: Option<std::net::SocketAddr>,
+    metrics_interval: Option<String>,
     #[serde(default)]
     kafka: BTreeMap<String, String>,
 }
@@ -93,6 +95,10 @@ pub struct RunSettings {
     pub source: SourceOptions,
     /// The loop's options.
     pub relay: RelayOptions,
+    /// Where to serve /metrics, /healthz and /readyz, if anywhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// How often the gauges and connection checks are refreshed.
+    pub metrics_interval: Duration,
 }
 
 impl RunSettings {
@@ -177,6 +183,12 @@ impl RunSettings {
                 .unwrap_or_else(default_instance_id),
             batch_timeout: send_timeout + lease,
         });
+        let metrics_interval = match args.metrics_interval {
+            Some(interval) => interval,
+            None => file
+                .duration("metrics_interval", &file.metrics_interval)?
+                .unwrap_or(Duration::from_secs(5)),
+        };
         let mut client_options: Vec<(String, String)> = file
             .kafka
             .iter()
@@ -218,6 +230,8 @@ impl RunSettings {
                 shutdown_timeout: send_timeout,
                 ..RelayOptions::default()
             },
+            metrics_addr: args.metrics_addr.or(file.metrics_addr),
+            metrics_interval,
         })
     }
 }
@@ -253,6 +267,7 @@ mod tests {
         GlobalArgs {
             database_url: url.map(str::to_owned),
             config: None,
+            log_format: crate::cli::LogFormat::Text,
         }
     }
 

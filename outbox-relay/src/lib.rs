@@ -11,10 +11,14 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod health;
 pub mod message;
+pub mod metrics;
+pub mod progress;
 pub mod record;
 pub mod redact;
 pub mod relay;
+pub mod server;
 pub mod shutdown;
 pub mod sink;
 pub mod source;

@@ -100,6 +100,7 @@ mod tests {
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             seq: 1,
             attempts: 0,
+            age_at_claim: 0.0,
         }
     }
 

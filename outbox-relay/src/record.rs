@@ -1,7 +1,7 @@
 //! [`OutboxRecord`]: a pending outbox row claimed by the relay.
 
 /// One claimed outbox row, as every source reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct OutboxRecord {
     /// `id`: the event id.
     pub id: String,
@@ -23,4 +23,7 @@ pub struct OutboxRecord {
     pub seq: i64,
     /// Failed publish attempts so far.
     pub attempts: i32,
+    /// Seconds between the row's insertion and its claim, for the
+    /// commit-to-acknowledgement latency.
+    pub age_at_claim: f64,
 }

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::message::{Message, TopicTemplate};
+use crate::metrics::BatchObservation;
 use crate::record::OutboxRecord;
 use crate::shutdown::Shutdown;
 use crate::sink::{FailureKind, SendError, Sink};
@@ -217,8 +218,8 @@ impl Relay {
 
     /// Whether no row is pending in the whole table (dead letters aside).
     async fn nothing_pending(&self) -> bool {
-        match self.source.status().await {
-            Ok(status) => status.pending == 0,
+        match self.source.backlog().await {
+            Ok(backlog) => backlog.pending == 0,
             Err(error) => {
                 tracing::warn!(%error, "cannot count pending rows");
                 false
@@ -234,6 +235,7 @@ impl Relay {
             .lock()
             .expect("cooldown lock")
             .cooling(Instant::now());
+        let claimed_at = Instant::now();
         let claim = self
             .source
             .claim(self.options.batch_size, &excluded)
@@ -289,7 +291,9 @@ impl Relay {
             .lock()
             .expect("cooldown lock")
             .record(records, &settlement, Instant::now());
+        let observation = BatchObservation::new(records, &settlement, claimed_at);
         claim.settle(&settlement).await?;
+        observation.record();
         self.stats
             .published
             .fetch_add(report.published as u64, Ordering::Relaxed);
@@ -349,7 +353,7 @@ async fn run_retention(source: Arc<dyn Source>, retention: Retention, shutdown: 
             () = shutdown.requested() => return,
             () = tokio::time::sleep(retention.interval) => {}
         }
-        match delete_published(source.as_ref(), &retention, &shutdown).await {
+        match delete_published(source.as_ref(), &retention, &shutdown, |_| {}).await {
             Ok(0) => {}
             Ok(deleted) => tracing::info!(deleted, "deleted published rows past retention"),
             Err(error) => {
@@ -359,11 +363,13 @@ async fn run_retention(source: Arc<dyn Source>, retention: Retention, shutdown: 
     }
 }
 
-/// Deletes published rows older than the window in batches; returns how many.
+/// Deletes published rows older than the window in batches, reporting
+/// each batch to `progress`; returns how many.
 pub async fn delete_published(
     source: &dyn Source,
     retention: &Retention,
     shutdown: &Shutdown,
+    mut progress: impl FnMut(u64),
 ) -> Result<u64, SourceError> {
     let mut total = 0;
     loop {
@@ -371,6 +377,7 @@ pub async fn delete_published(
             .delete_published(retention.keep_for, retention.batch_size)
             .await?;
         total += deleted;
+        progress(deleted);
         if deleted < retention.batch_size || shutdown.is_requested() {
             return Ok(total);
         }
@@ -480,6 +487,7 @@ mod tests {
             traceparent: None,
             seq: 0,
             attempts,
+            age_at_claim: 0.0,
         }
     }
 

@@ -18,3 +18,7 @@ CREATE TABLE IF NOT EXISTS outbox_relay_instance (
     started_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
     lease_until TIMESTAMPTZ NOT NULL
 );
+
+-- Dead letters are few; counting them stays cheap for the metrics.
+CREATE INDEX IF NOT EXISTS outbox_dead_letter_idx ON outbox (dead_lettered_at)
+    WHERE dead_lettered_at IS NOT NULL;

@@ -1,1 +1,1 @@
-SELECT 1;
+DROP INDEX IF EXISTS outbox_dead_letter_idx;

@@ -397,6 +397,18 @@ impl Sink for KafkaSink {
             .collect()
     }
 
+    async fn probe(&self) -> bool {
+        let producer = self.producer();
+        tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, Duration::from_secs(2))
+                .is_ok()
+        })
+        .await
+        .unwrap_or(false)
+    }
+
     async fn flush(&self, timeout: Duration) {
         let producer = self.producer();
         let flushed = tokio::task::spawn_blocking(move || producer.flush(timeout)).await;

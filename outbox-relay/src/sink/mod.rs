@@ -25,6 +25,11 @@ pub trait Sink: Send + Sync {
 
     /// Waits up to `timeout` for messages still in flight.
     async fn flush(&self, timeout: Duration);
+
+    /// Whether the destination answers right now (for `/readyz`).
+    async fn probe(&self) -> bool {
+        true
+    }
 }
 
 /// Why a message was not published.

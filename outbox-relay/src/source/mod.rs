@@ -53,17 +53,22 @@ pub trait Source: Send + Sync {
     /// returns how many it deleted.
     async fn delete_published(&self, older_than: Duration, limit: u64) -> Result<u64, SourceError>;
 
-    /// Counts pending, published and dead-lettered rows, and lists the
-    /// oldest dead letters.
+    /// How far behind publishing is, from the partial indexes only: cheap
+    /// enough to sample every few seconds.
+    async fn backlog(&self) -> Result<Backlog, SourceError>;
+
+    /// The backlog, pending rows per aggregate type, the published count,
+    /// the oldest dead letters and the shard owners.
     async fn status(&self) -> Result<Status, SourceError>;
 
-    /// Makes dead-lettered rows pending again with a fresh attempt count;
-    /// returns how many. `ids` empty means every dead letter (of
-    /// `aggregate_type`, when given).
+    /// Makes at most `limit` dead-lettered rows pending again with a fresh
+    /// attempt count; returns how many. `ids` empty means every dead letter
+    /// (of `aggregate_type`, when given).
     async fn redrive(
         &self,
         ids: &[String],
         aggregate_type: Option<&str>,
+        limit: u64,
     ) -> Result<u64, SourceError>;
 
     /// Stops taking part in shard ownership, handing the shards over at once.
@@ -133,19 +138,53 @@ pub struct FailedRow {
     pub dead_letter: bool,
 }
 
-/// Row counts of the outbox table.
+/// How far behind publishing is.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct Status {
+pub struct Backlog {
     /// Rows waiting to be published.
     pub pending: i64,
     /// Age of the oldest pending row, in seconds.
     pub oldest_pending_age_seconds: Option<f64>,
     /// Rows parked after failing for good.
     pub dead_letters: i64,
+}
+
+/// What `outbox-relay status` shows.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Status {
+    /// Pending rows, their oldest age and dead letters.
+    #[serde(flatten)]
+    pub backlog: Backlog,
     /// Rows published and not yet deleted by retention.
     pub published: i64,
+    /// Pending rows per aggregate type, most first.
+    pub pending_by_type: Vec<TypeBacklog>,
     /// The oldest dead letters (at most [`DEAD_LETTERS_SHOWN`]).
     pub dead_letter_rows: Vec<DeadLetter>,
+    /// Relays owning shards, with how many.
+    pub shard_owners: Vec<ShardOwner>,
+}
+
+/// Pending rows of one aggregate type.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TypeBacklog {
+    /// `aggregatetype`.
+    pub aggregate_type: String,
+    /// Pending rows.
+    pub pending: i64,
+    /// Age of its oldest pending row, in seconds.
+    pub oldest_pending_age_seconds: Option<f64>,
+}
+
+/// A relay instance owning shards.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ShardOwner {
+    /// The instance id.
+    pub owner: String,
+    /// How many shards it owns.
+    pub shards: i64,
+    /// Seconds until its earliest lease expires (negative: expired).
+    pub lease_expires_in_seconds: Option<f64>,
 }
 
 /// How many dead letters `status` lists.
@@ -266,6 +305,16 @@ pub async fn connect(url: &str, options: SourceOptions) -> Result<Box<dyn Source
         .await
         .map_err(|error| missing_table(url, error))?;
     Ok(source)
+}
+
+/// Shard owners, or none when the shard table does not exist (yet).
+pub(crate) fn owners_or_none(
+    owners: Result<Vec<ShardOwner>, sqlx::Error>,
+) -> Result<Vec<ShardOwner>, SourceError> {
+    match owners {
+        Err(error) if is_missing_table(&error) => Ok(Vec::new()),
+        other => Ok(other?),
+    }
 }
 
 /// Names a missing outbox table (or shard table) as such.

@@ -20,13 +20,15 @@ use sqlx::{AssertSqlSafe, MySql, Row, Transaction};
 
 use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
 use super::{
-    AggregateKey, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
-    SourceOptions, Status, question_mark_pairs, question_marks, redrive_filter,
+    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, ShardOwner, Source,
+    SourceError, SourceOptions, Status, TypeBacklog, owners_or_none, question_mark_pairs,
+    question_marks, redrive_filter,
 };
 use crate::record::OutboxRecord;
 
 const COLUMNS: &str = "id, aggregatetype, aggregateid, type, CAST(payload AS CHAR), \
-     event_version, aggregate_seq, traceparent, seq, attempts";
+     event_version, aggregate_seq, traceparent, seq, attempts, \
+     CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6";
 
 const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
 
@@ -197,6 +199,7 @@ impl Source for MySqlSource {
                     traceparent: row.try_get(7)?,
                     seq: row.try_get(8)?,
                     attempts: row.try_get(9)?,
+                    age_at_claim: row.try_get(10)?,
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
@@ -228,25 +231,57 @@ impl Source for MySqlSource {
         Ok(deleted.rows_affected())
     }
 
-    async fn status(&self) -> Result<Status, SourceError> {
-        let row = sqlx::query(
-            "SELECT \
-               CAST(COALESCE(SUM(published_at IS NULL AND dead_lettered_at IS NULL), 0) AS SIGNED), \
-               CAST(TIMESTAMPDIFF(MICROSECOND, \
-                 MIN(CASE WHEN published_at IS NULL AND dead_lettered_at IS NULL THEN created_at END), \
-                 UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6, \
-               CAST(COALESCE(SUM(dead_lettered_at IS NOT NULL), 0) AS SIGNED), \
-               CAST(COALESCE(SUM(published_at IS NOT NULL), 0) AS SIGNED) \
-             FROM outbox",
+    async fn backlog(&self) -> Result<Backlog, SourceError> {
+        let pending = sqlx::query(
+            "SELECT COUNT(*), \
+               CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6 \
+             FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
         )
         .fetch_one(&self.pool)
         .await?;
+        // Dead letters are never published: the pending index covers them.
+        let dead_letters: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NOT NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Backlog {
+            pending: pending.try_get(0)?,
+            oldest_pending_age_seconds: pending.try_get(1)?,
+            dead_letters,
+        })
+    }
+
+    async fn status(&self) -> Result<Status, SourceError> {
+        let published: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE published_at IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await?;
+        let by_type = sqlx::query(
+            "SELECT aggregatetype, COUNT(*), \
+               CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6 \
+             FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
+             GROUP BY aggregatetype ORDER BY 2 DESC, 1 LIMIT 50",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let owners = sqlx::query(
+            "SELECT owner, COUNT(*), \
+               CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(lease_until)) AS DOUBLE) / 1e6 \
+             FROM outbox_relay_shard WHERE owner IS NOT NULL GROUP BY owner ORDER BY owner",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .and_then(|rows| rows.iter().map(shard_owner).collect());
         Ok(Status {
-            pending: row.try_get(0)?,
-            oldest_pending_age_seconds: row.try_get(1)?,
-            dead_letters: row.try_get(2)?,
-            published: row.try_get(3)?,
+            backlog: self.backlog().await?,
+            published,
+            pending_by_type: by_type
+                .iter()
+                .map(type_backlog)
+                .collect::<Result<_, sqlx::Error>>()?,
             dead_letter_rows: dead_letters(&self.pool).await?,
+            shard_owners: owners_or_none(owners)?,
         })
     }
 
@@ -261,11 +296,14 @@ impl Source for MySqlSource {
         &self,
         ids: &[String],
         aggregate_type: Option<&str>,
+        limit: u64,
     ) -> Result<u64, SourceError> {
         let filter = redrive_filter("id", ids.len(), aggregate_type.is_some(), |_| {
             "?".to_owned()
         });
-        let sql = format!("UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 WHERE {filter}");
+        let sql = format!(
+            "UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 WHERE {filter} LIMIT {limit}"
+        );
         let mut query = sqlx::query(AssertSqlSafe(sql));
         for id in ids {
             query = query.bind(id);
@@ -289,6 +327,22 @@ async fn dead_letters(pool: &MySqlPool) -> Result<Vec<DeadLetter>, SourceError> 
         .map(dead_letter)
         .collect::<Result<_, sqlx::Error>>()
         .map_err(Into::into)
+}
+
+fn type_backlog(row: &sqlx::mysql::MySqlRow) -> Result<TypeBacklog, sqlx::Error> {
+    Ok(TypeBacklog {
+        aggregate_type: row.try_get(0)?,
+        pending: row.try_get(1)?,
+        oldest_pending_age_seconds: row.try_get(2)?,
+    })
+}
+
+fn shard_owner(row: &sqlx::mysql::MySqlRow) -> Result<ShardOwner, sqlx::Error> {
+    Ok(ShardOwner {
+        owner: row.try_get(0)?,
+        shards: row.try_get(1)?,
+        lease_expires_in_seconds: row.try_get(2)?,
+    })
 }
 
 fn dead_letter(row: &sqlx::mysql::MySqlRow) -> Result<DeadLetter, sqlx::Error> {

@@ -19,8 +19,8 @@ use tokio::sync::Mutex;
 
 use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
 use super::{
-    AggregateKey, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
-    SourceOptions, Status, redrive_filter,
+    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, ShardOwner, Source,
+    SourceError, SourceOptions, Status, TypeBacklog, owners_or_none, redrive_filter,
 };
 use crate::record::OutboxRecord;
 
@@ -28,7 +28,8 @@ use crate::record::OutboxRecord;
 const CHANNEL: &str = "outbox";
 
 const PENDING: &str = "SELECT id::text, aggregatetype, aggregateid, type, payload::text, \
-     event_version, aggregate_seq, traceparent, seq, attempts \
+     event_version, aggregate_seq, traceparent, seq, attempts, \
+     EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 \
      FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
      AND (aggregatetype, aggregateid) NOT IN \
        (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i))";
@@ -172,6 +173,7 @@ impl Source for PostgresSource {
                     traceparent: row.try_get(7)?,
                     seq: row.try_get(8)?,
                     attempts: row.try_get(9)?,
+                    age_at_claim: row.try_get(10)?,
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
@@ -224,24 +226,52 @@ impl Source for PostgresSource {
         Ok(deleted.rows_affected())
     }
 
-    async fn status(&self) -> Result<Status, SourceError> {
-        let row = sqlx::query(
-            "SELECT \
-               COUNT(*) FILTER (WHERE published_at IS NULL AND dead_lettered_at IS NULL), \
-               EXTRACT(EPOCH FROM now() - MIN(created_at) \
-                 FILTER (WHERE published_at IS NULL AND dead_lettered_at IS NULL))::float8, \
-               COUNT(*) FILTER (WHERE dead_lettered_at IS NOT NULL), \
-               COUNT(*) FILTER (WHERE published_at IS NOT NULL) \
-             FROM outbox",
+    async fn backlog(&self) -> Result<Backlog, SourceError> {
+        let pending = sqlx::query(
+            "SELECT COUNT(*), EXTRACT(EPOCH FROM now() - MIN(created_at))::float8 \
+             FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
         )
         .fetch_one(&self.pool)
         .await?;
+        let dead_letters: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE dead_lettered_at IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(Backlog {
+            pending: pending.try_get(0)?,
+            oldest_pending_age_seconds: pending.try_get(1)?,
+            dead_letters,
+        })
+    }
+
+    async fn status(&self) -> Result<Status, SourceError> {
+        let published: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE published_at IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await?;
+        let by_type = sqlx::query(
+            "SELECT aggregatetype, COUNT(*), EXTRACT(EPOCH FROM now() - MIN(created_at))::float8 \
+             FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
+             GROUP BY aggregatetype ORDER BY 2 DESC, 1 LIMIT 50",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let owners = sqlx::query(
+            "SELECT owner, COUNT(*), EXTRACT(EPOCH FROM MIN(lease_until) - now())::float8 \
+             FROM outbox_relay_shard WHERE owner IS NOT NULL GROUP BY owner ORDER BY owner",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .and_then(|rows| rows.iter().map(shard_owner).collect());
         Ok(Status {
-            pending: row.try_get(0)?,
-            oldest_pending_age_seconds: row.try_get(1)?,
-            dead_letters: row.try_get(2)?,
-            published: row.try_get(3)?,
+            backlog: self.backlog().await?,
+            published,
+            pending_by_type: by_type
+                .iter()
+                .map(type_backlog)
+                .collect::<Result<_, sqlx::Error>>()?,
             dead_letter_rows: dead_letters(&self.pool).await?,
+            shard_owners: owners_or_none(owners)?,
         })
     }
 
@@ -256,11 +286,15 @@ impl Source for PostgresSource {
         &self,
         ids: &[String],
         aggregate_type: Option<&str>,
+        limit: u64,
     ) -> Result<u64, SourceError> {
         let filter = redrive_filter("id::text", ids.len(), aggregate_type.is_some(), |n| {
             format!("${n}")
         });
-        let sql = format!("UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 WHERE {filter}");
+        let sql = format!(
+            "UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 \
+             WHERE id IN (SELECT id FROM outbox WHERE {filter} LIMIT {limit})"
+        );
         let mut query = sqlx::query(AssertSqlSafe(sql));
         for id in ids {
             query = query.bind(id);
@@ -284,6 +318,22 @@ async fn dead_letters(pool: &PgPool) -> Result<Vec<DeadLetter>, SourceError> {
         .map(dead_letter)
         .collect::<Result<_, sqlx::Error>>()
         .map_err(Into::into)
+}
+
+fn type_backlog(row: &sqlx::postgres::PgRow) -> Result<TypeBacklog, sqlx::Error> {
+    Ok(TypeBacklog {
+        aggregate_type: row.try_get(0)?,
+        pending: row.try_get(1)?,
+        oldest_pending_age_seconds: row.try_get(2)?,
+    })
+}
+
+fn shard_owner(row: &sqlx::postgres::PgRow) -> Result<ShardOwner, sqlx::Error> {
+    Ok(ShardOwner {
+        owner: row.try_get(0)?,
+        shards: row.try_get(1)?,
+        lease_expires_in_seconds: row.try_get(2)?,
+    })
 }
 
 fn dead_letter(row: &sqlx::postgres::PgRow) -> Result<DeadLetter, sqlx::Error> {

@@ -206,7 +206,9 @@ async fn round(
         if !taken.is_empty() {
             tracing::info!(shards = ?taken, live, "took over shards");
         }
+        owned.extend(taken);
     }
+    crate::metrics::record_owned_shards(owned.len());
     Ok(())
 }
 

@@ -11,8 +11,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use sqlx::{AssertSqlSafe, Row};
 
 use super::{
-    AggregateKey, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
-    SourceOptions, Status, question_mark_pairs, question_marks, redrive_filter,
+    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
+    SourceOptions, Status, TypeBacklog, question_mark_pairs, question_marks, redrive_filter,
 };
 use crate::record::OutboxRecord;
 
@@ -68,7 +68,8 @@ impl Source for SqliteSource {
         };
         let sql = format!(
             "SELECT id, aggregatetype, aggregateid, type, payload, event_version, \
-             aggregate_seq, traceparent, seq, attempts FROM outbox \
+             aggregate_seq, traceparent, seq, attempts, \
+             (julianday('now') - julianday(created_at)) * 86400.0 FROM outbox \
              WHERE published_at IS NULL AND dead_lettered_at IS NULL{exclusion} \
              ORDER BY seq LIMIT ?"
         );
@@ -91,6 +92,7 @@ impl Source for SqliteSource {
                     traceparent: row.try_get(7)?,
                     seq: row.try_get(8)?,
                     attempts: row.try_get(9)?,
+                    age_at_claim: row.try_get(10)?,
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
@@ -119,24 +121,52 @@ impl Source for SqliteSource {
         Ok(deleted.rows_affected())
     }
 
-    async fn status(&self) -> Result<Status, SourceError> {
-        let row = sqlx::query(
-            "SELECT \
-               COALESCE(SUM(published_at IS NULL AND dead_lettered_at IS NULL), 0), \
-               (julianday('now') - julianday(MIN(CASE WHEN published_at IS NULL \
-                 AND dead_lettered_at IS NULL THEN created_at END))) * 86400.0, \
-               COALESCE(SUM(dead_lettered_at IS NOT NULL), 0), \
-               COALESCE(SUM(published_at IS NOT NULL), 0) \
-             FROM outbox",
+    async fn backlog(&self) -> Result<Backlog, SourceError> {
+        let pending = sqlx::query(
+            "SELECT COUNT(*), (julianday('now') - julianday(MIN(created_at))) * 86400.0 \
+             FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
         )
         .fetch_one(&self.pool)
         .await?;
+        let dead_letters: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE dead_lettered_at IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(Backlog {
+            pending: pending.try_get(0)?,
+            oldest_pending_age_seconds: pending.try_get(1)?,
+            dead_letters,
+        })
+    }
+
+    async fn status(&self) -> Result<Status, SourceError> {
+        let published: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE published_at IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await?;
+        let by_type = sqlx::query(
+            "SELECT aggregatetype, COUNT(*), \
+               (julianday('now') - julianday(MIN(created_at))) * 86400.0 \
+             FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
+             GROUP BY aggregatetype ORDER BY 2 DESC, 1 LIMIT 50",
+        )
+        .fetch_all(&self.pool)
+        .await?;
         Ok(Status {
-            pending: row.try_get(0)?,
-            oldest_pending_age_seconds: row.try_get(1)?,
-            dead_letters: row.try_get(2)?,
-            published: row.try_get(3)?,
+            backlog: self.backlog().await?,
+            published,
+            pending_by_type: by_type
+                .iter()
+                .map(|row| {
+                    Ok(TypeBacklog {
+                        aggregate_type: row.try_get(0)?,
+                        pending: row.try_get(1)?,
+                        oldest_pending_age_seconds: row.try_get(2)?,
+                    })
+                })
+                .collect::<Result<_, sqlx::Error>>()?,
             dead_letter_rows: dead_letters(&self.pool).await?,
+            shard_owners: Vec::new(),
         })
     }
 
@@ -144,11 +174,15 @@ impl Source for SqliteSource {
         &self,
         ids: &[String],
         aggregate_type: Option<&str>,
+        limit: u64,
     ) -> Result<u64, SourceError> {
         let filter = redrive_filter("id", ids.len(), aggregate_type.is_some(), |_| {
             "?".to_owned()
         });
-        let sql = format!("UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 WHERE {filter}");
+        let sql = format!(
+            "UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 \
+             WHERE seq IN (SELECT seq FROM outbox WHERE {filter} LIMIT {limit})"
+        );
         let mut query = sqlx::query(AssertSqlSafe(sql));
         for id in ids {
             query = query.bind(id);

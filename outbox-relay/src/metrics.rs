@@ -1,0 +1,152 @@
+//! The relay's Prometheus metrics: their names, descriptions and buckets,
+//! and the functions that record them. Recording is a no-op unless
+//! `--metrics-addr` installed the exporter.
+
+use std::time::Instant;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::record::OutboxRecord;
+use crate::source::{Backlog, Settlement};
+
+/// Rows waiting to be published (all shards).
+pub const PENDING: &str = "outbox_pending_rows";
+/// Age of the oldest pending row.
+pub const OLDEST_PENDING_AGE: &str = "outbox_oldest_pending_age_seconds";
+/// Rows parked as dead letters.
+pub const DEAD_LETTERS: &str = "outbox_dead_letters";
+/// Rows published, per aggregate type.
+pub const PUBLISHED: &str = "outbox_published_total";
+/// Failed publish attempts, per aggregate type.
+pub const FAILED: &str = "outbox_failed_total";
+/// Rows dead-lettered by this relay, per aggregate type.
+pub const DEAD_LETTERED: &str = "outbox_dead_lettered_total";
+/// Rows per claimed batch.
+pub const BATCH_SIZE: &str = "outbox_batch_size";
+/// From the row's insertion to the broker's acknowledgement.
+pub const COMMIT_TO_ACK: &str = "outbox_commit_to_ack_seconds";
+/// Shards this relay owns.
+pub const OWNED_SHARDS: &str = "outbox_owned_shards";
+/// 1 when the last database check succeeded.
+pub const DATABASE_UP: &str = "outbox_database_up";
+/// 1 when the last broker check succeeded.
+pub const BROKER_UP: &str = "outbox_broker_up";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+const BATCH_BUCKETS: &[f64] = &[1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0];
+
+/// Installs the Prometheus recorder and describes every metric.
+pub fn install() -> Result<PrometheusHandle, BuildError> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(COMMIT_TO_ACK.into()), LATENCY_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), BATCH_BUCKETS)?
+        .install_recorder()?;
+    describe_gauge!(PENDING, "Rows waiting to be published");
+    describe_gauge!(
+        OLDEST_PENDING_AGE,
+        "Age of the oldest pending row, in seconds"
+    );
+    describe_gauge!(DEAD_LETTERS, "Rows parked as dead letters");
+    describe_counter!(PUBLISHED, "Rows published, by aggregate type");
+    describe_counter!(FAILED, "Failed publish attempts, by aggregate type");
+    describe_counter!(
+        DEAD_LETTERED,
+        "Rows dead-lettered by this relay, by aggregate type"
+    );
+    describe_histogram!(BATCH_SIZE, "Rows per claimed batch");
+    describe_histogram!(
+        COMMIT_TO_ACK,
+        "Seconds from a row's insertion to the broker's acknowledgement"
+    );
+    describe_gauge!(OWNED_SHARDS, "Shards this relay owns");
+    describe_gauge!(DATABASE_UP, "1 when the last database check succeeded");
+    describe_gauge!(BROKER_UP, "1 when the last broker check succeeded");
+    Ok(handle)
+}
+
+/// What a batch's metrics need, taken before the claim is settled.
+pub struct BatchObservation {
+    size: usize,
+    claimed_at: Instant,
+    rows: Vec<(String, f64, RowOutcome)>,
+}
+
+enum RowOutcome {
+    Published,
+    Failed { dead_letter: bool },
+    Untouched,
+}
+
+impl BatchObservation {
+    /// Notes each row's aggregate type, age and fate.
+    pub fn new(records: &[OutboxRecord], settlement: &Settlement, claimed_at: Instant) -> Self {
+        let rows = records
+            .iter()
+            .map(|record| {
+                let outcome = if settlement.published.contains(&record.id) {
+                    RowOutcome::Published
+                } else if let Some(failed) =
+                    settlement.failed.iter().find(|row| row.id == record.id)
+                {
+                    RowOutcome::Failed {
+                        dead_letter: failed.dead_letter,
+                    }
+                } else {
+                    RowOutcome::Untouched
+                };
+                (
+                    record.aggregate_type.clone(),
+                    record.age_at_claim.max(0.0),
+                    outcome,
+                )
+            })
+            .collect();
+        Self {
+            size: records.len(),
+            claimed_at,
+            rows,
+        }
+    }
+
+    /// Records the batch once its settlement committed.
+    pub fn record(self) {
+        histogram!(BATCH_SIZE).record(self.size as f64);
+        let since_claim = self.claimed_at.elapsed().as_secs_f64();
+        for (aggregate_type, age, outcome) in self.rows {
+            match outcome {
+                RowOutcome::Published => {
+                    counter!(PUBLISHED, "aggregate_type" => aggregate_type).increment(1);
+                    histogram!(COMMIT_TO_ACK).record(age + since_claim);
+                }
+                RowOutcome::Failed { dead_letter } => {
+                    counter!(FAILED, "aggregate_type" => aggregate_type.clone()).increment(1);
+                    if dead_letter {
+                        counter!(DEAD_LETTERED, "aggregate_type" => aggregate_type).increment(1);
+                    }
+                }
+                RowOutcome::Untouched => {}
+            }
+        }
+    }
+}
+
+/// Records the backlog sampled from the database.
+pub fn record_backlog(backlog: &Backlog) {
+    gauge!(PENDING).set(backlog.pending as f64);
+    gauge!(OLDEST_PENDING_AGE).set(backlog.oldest_pending_age_seconds.unwrap_or(0.0));
+    gauge!(DEAD_LETTERS).set(backlog.dead_letters as f64);
+}
+
+/// Records how many shards this relay owns.
+pub fn record_owned_shards(count: usize) {
+    gauge!(OWNED_SHARDS).set(count as f64);
+}
+
+/// Records the outcome of the connection checks.
+pub fn record_connections(database_up: bool, broker_up: bool) {
+    gauge!(DATABASE_UP).set(f64::from(u8::from(database_up)));
+    gauge!(BROKER_UP).set(f64::from(u8::from(broker_up)));
+}
