@@ -60,7 +60,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Publish pending rows until stopped (SIGINT/SIGTERM finish the batch in flight)
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Create or update the outbox tables
     Migrate,
     /// Show pending, published and dead-lettered row counts

@@ -25,7 +25,7 @@ use crate::source::{self, SourceOptions, Status};
 pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     let file = FileConfig::load(cli.global.config.as_deref())?;
     match cli.command {
-        Command::Run(args) => run(RunSettings::resolve(&cli.global, args, &file)?).await,
+        Command::Run(args) => run(RunSettings::resolve(&cli.global, *args, &file)?).await,
         Command::Migrate => migrate(&database_url(&cli.global, &file)).await,
         Command::Status(args) => status(&database_url(&cli.global, &file), &args).await,
         Command::Cleanup(args) => cleanup(&database_url(&cli.global, &file), &args, &file).await,

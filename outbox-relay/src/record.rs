@@ -1,15 +1,19 @@
 //! [`OutboxRecord`]: a pending outbox row claimed by the relay.
 
-/// One claimed outbox row, as every source reads it.
-#[derive(Debug, Clone, PartialEq)]
+/// One claimed outbox row, as every source reads it (the claim queries name
+/// their columns after these fields).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct OutboxRecord {
     /// `id`: the event id.
     pub id: String,
     /// `aggregatetype`.
+    #[sqlx(rename = "aggregatetype")]
     pub aggregate_type: String,
     /// `aggregateid`: the Kafka key.
+    #[sqlx(rename = "aggregateid")]
     pub aggregate_id: String,
     /// `type`: the `eventType` header.
+    #[sqlx(rename = "type")]
     pub event_type: String,
     /// `payload` as stored; `None` becomes a tombstone (null value).
     pub payload: Option<String>,

@@ -166,9 +166,10 @@ pub struct Status {
 }
 
 /// Pending rows of one aggregate type.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct TypeBacklog {
     /// `aggregatetype`.
+    #[sqlx(rename = "aggregatetype")]
     pub aggregate_type: String,
     /// Pending rows.
     pub pending: i64,
@@ -177,7 +178,7 @@ pub struct TypeBacklog {
 }
 
 /// A relay instance owning shards.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct ShardOwner {
     /// The instance id.
     pub owner: String,
@@ -191,15 +192,18 @@ pub struct ShardOwner {
 pub const DEAD_LETTERS_SHOWN: i64 = 20;
 
 /// A dead-lettered row, as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
 pub struct DeadLetter {
     /// The event id.
     pub id: String,
     /// `aggregatetype`.
+    #[sqlx(rename = "aggregatetype")]
     pub aggregate_type: String,
     /// `aggregateid`.
+    #[sqlx(rename = "aggregateid")]
     pub aggregate_id: String,
     /// `type`.
+    #[sqlx(rename = "type")]
     pub event_type: String,
     /// Failed attempts.
     pub attempts: i32,

@@ -20,15 +20,14 @@ use sqlx::{AssertSqlSafe, MySql, Row, Transaction};
 
 use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
 use super::{
-    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, ShardOwner, Source,
-    SourceError, SourceOptions, Status, TypeBacklog, owners_or_none, question_mark_pairs,
-    question_marks, redrive_filter,
+    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
+    SourceOptions, Status, owners_or_none, question_mark_pairs, question_marks, redrive_filter,
 };
 use crate::record::OutboxRecord;
 
-const COLUMNS: &str = "id, aggregatetype, aggregateid, type, CAST(payload AS CHAR), \
+const COLUMNS: &str = "id, aggregatetype, aggregateid, type, CAST(payload AS CHAR) AS payload, \
      event_version, aggregate_seq, traceparent, seq, attempts, \
-     CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6";
+     CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6 AS age_at_claim";
 
 const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
 
@@ -134,13 +133,13 @@ impl Source for MySqlSource {
             )
         };
         let mut txn = self.pool.begin().await?;
-        let (rows, owned) = match &self.sharding {
+        let (records, owned) = match &self.sharding {
             None => {
                 let sql = format!(
                     "SELECT {COLUMNS} FROM outbox WHERE {PENDING}{exclusion} \
                      ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED"
                 );
-                let mut query = sqlx::query(AssertSqlSafe(sql));
+                let mut query = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql));
                 for key in excluded {
                     query = query.bind(&key.aggregate_type).bind(&key.aggregate_id);
                 }
@@ -176,7 +175,7 @@ impl Source for MySqlSource {
                              ORDER BY seq FOR UPDATE",
                             question_marks(candidates.len())
                         );
-                        let mut query = sqlx::query(AssertSqlSafe(sql));
+                        let mut query = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql));
                         for id in &candidates {
                             query = query.bind(id);
                         }
@@ -185,24 +184,6 @@ impl Source for MySqlSource {
                 }
             }
         };
-        let records = rows
-            .iter()
-            .map(|row| {
-                Ok(OutboxRecord {
-                    id: row.try_get(0)?,
-                    aggregate_type: row.try_get(1)?,
-                    aggregate_id: row.try_get(2)?,
-                    event_type: row.try_get(3)?,
-                    payload: row.try_get(4)?,
-                    event_version: row.try_get(5)?,
-                    aggregate_seq: row.try_get(6)?,
-                    traceparent: row.try_get(7)?,
-                    seq: row.try_get(8)?,
-                    attempts: row.try_get(9)?,
-                    age_at_claim: row.try_get(10)?,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
         Ok(Box::new(MySqlClaim {
             txn,
             records,
@@ -232,7 +213,7 @@ impl Source for MySqlSource {
     }
 
     async fn backlog(&self) -> Result<Backlog, SourceError> {
-        let pending = sqlx::query(
+        let (pending, oldest_pending_age_seconds): (i64, Option<f64>) = sqlx::query_as(
             "SELECT COUNT(*), \
                CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6 \
              FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
@@ -246,8 +227,8 @@ impl Source for MySqlSource {
         .fetch_one(&self.pool)
         .await?;
         Ok(Backlog {
-            pending: pending.try_get(0)?,
-            oldest_pending_age_seconds: pending.try_get(1)?,
+            pending,
+            oldest_pending_age_seconds,
             dead_letters,
         })
     }
@@ -257,29 +238,27 @@ impl Source for MySqlSource {
             sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE published_at IS NOT NULL")
                 .fetch_one(&self.pool)
                 .await?;
-        let by_type = sqlx::query(
-            "SELECT aggregatetype, COUNT(*), \
+        let pending_by_type = sqlx::query_as(
+            "SELECT aggregatetype, COUNT(*) AS pending, \
                CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6 \
+                 AS oldest_pending_age_seconds \
              FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
              GROUP BY aggregatetype ORDER BY 2 DESC, 1 LIMIT 50",
         )
         .fetch_all(&self.pool)
         .await?;
-        let owners = sqlx::query(
-            "SELECT owner, COUNT(*), \
+        let owners = sqlx::query_as(
+            "SELECT owner, COUNT(*) AS shards, \
                CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(lease_until)) AS DOUBLE) / 1e6 \
+                 AS lease_expires_in_seconds \
              FROM outbox_relay_shard WHERE owner IS NOT NULL GROUP BY owner ORDER BY owner",
         )
         .fetch_all(&self.pool)
-        .await
-        .and_then(|rows| rows.iter().map(shard_owner).collect());
+        .await;
         Ok(Status {
             backlog: self.backlog().await?,
             published,
-            pending_by_type: by_type
-                .iter()
-                .map(type_backlog)
-                .collect::<Result<_, sqlx::Error>>()?,
+            pending_by_type,
             dead_letter_rows: dead_letters(&self.pool).await?,
             shard_owners: owners_or_none(owners)?,
         })
@@ -316,44 +295,13 @@ impl Source for MySqlSource {
 }
 
 async fn dead_letters(pool: &MySqlPool) -> Result<Vec<DeadLetter>, SourceError> {
-    let rows = sqlx::query(
+    Ok(sqlx::query_as(
         "SELECT id, aggregatetype, aggregateid, type, attempts, last_error FROM outbox \
          WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT ?",
     )
     .bind(DEAD_LETTERS_SHOWN)
     .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(dead_letter)
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(Into::into)
-}
-
-fn type_backlog(row: &sqlx::mysql::MySqlRow) -> Result<TypeBacklog, sqlx::Error> {
-    Ok(TypeBacklog {
-        aggregate_type: row.try_get(0)?,
-        pending: row.try_get(1)?,
-        oldest_pending_age_seconds: row.try_get(2)?,
-    })
-}
-
-fn shard_owner(row: &sqlx::mysql::MySqlRow) -> Result<ShardOwner, sqlx::Error> {
-    Ok(ShardOwner {
-        owner: row.try_get(0)?,
-        shards: row.try_get(1)?,
-        lease_expires_in_seconds: row.try_get(2)?,
-    })
-}
-
-fn dead_letter(row: &sqlx::mysql::MySqlRow) -> Result<DeadLetter, sqlx::Error> {
-    Ok(DeadLetter {
-        id: row.try_get(0)?,
-        aggregate_type: row.try_get(1)?,
-        aggregate_id: row.try_get(2)?,
-        event_type: row.try_get(3)?,
-        attempts: row.try_get(4)?,
-        last_error: row.try_get(5)?,
-    })
+    .await?)
 }
 
 /// This instance's shards and their epochs, share-locked when claiming.

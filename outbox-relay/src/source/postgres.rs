@@ -19,17 +19,17 @@ use tokio::sync::Mutex;
 
 use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
 use super::{
-    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, ShardOwner, Source,
-    SourceError, SourceOptions, Status, TypeBacklog, owners_or_none, redrive_filter,
+    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
+    SourceOptions, Status, owners_or_none, redrive_filter,
 };
 use crate::record::OutboxRecord;
 
 /// The channel the migration's trigger notifies.
 const CHANNEL: &str = "outbox";
 
-const PENDING: &str = "SELECT id::text, aggregatetype, aggregateid, type, payload::text, \
-     event_version, aggregate_seq, traceparent, seq, attempts, \
-     EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 \
+const PENDING: &str = "SELECT id::text AS id, aggregatetype, aggregateid, type, \
+     payload::text AS payload, event_version, aggregate_seq, traceparent, seq, attempts, \
+     EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 AS age_at_claim \
      FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
      AND (aggregatetype, aggregateid) NOT IN \
        (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i))";
@@ -117,10 +117,10 @@ impl Source for PostgresSource {
             .map(|key| key.aggregate_id.as_str())
             .collect();
         let mut txn = self.pool.begin().await?;
-        let (rows, owned) = match &self.sharding {
+        let (records, owned) = match &self.sharding {
             None => {
                 let sql = format!("{PENDING} ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED");
-                let rows = sqlx::query(AssertSqlSafe(sql))
+                let rows = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql))
                     .bind(limit as i64)
                     .bind(&types)
                     .bind(&ids)
@@ -147,7 +147,7 @@ impl Source for PostgresSource {
                     let sql = format!(
                         "{PENDING} AND {SHARD_OF_ROW} = ANY($5::bigint[]) ORDER BY seq LIMIT $1 FOR UPDATE"
                     );
-                    let rows = sqlx::query(AssertSqlSafe(sql))
+                    let rows = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql))
                         .bind(limit as i64)
                         .bind(&types)
                         .bind(&ids)
@@ -159,24 +159,6 @@ impl Source for PostgresSource {
                 }
             }
         };
-        let records = rows
-            .iter()
-            .map(|row| {
-                Ok(OutboxRecord {
-                    id: row.try_get(0)?,
-                    aggregate_type: row.try_get(1)?,
-                    aggregate_id: row.try_get(2)?,
-                    event_type: row.try_get(3)?,
-                    payload: row.try_get(4)?,
-                    event_version: row.try_get(5)?,
-                    aggregate_seq: row.try_get(6)?,
-                    traceparent: row.try_get(7)?,
-                    seq: row.try_get(8)?,
-                    attempts: row.try_get(9)?,
-                    age_at_claim: row.try_get(10)?,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
         Ok(Box::new(PostgresClaim {
             txn,
             records,
@@ -227,7 +209,7 @@ impl Source for PostgresSource {
     }
 
     async fn backlog(&self) -> Result<Backlog, SourceError> {
-        let pending = sqlx::query(
+        let (pending, oldest_pending_age_seconds): (i64, Option<f64>) = sqlx::query_as(
             "SELECT COUNT(*), EXTRACT(EPOCH FROM now() - MIN(created_at))::float8 \
              FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
         )
@@ -238,8 +220,8 @@ impl Source for PostgresSource {
                 .fetch_one(&self.pool)
                 .await?;
         Ok(Backlog {
-            pending: pending.try_get(0)?,
-            oldest_pending_age_seconds: pending.try_get(1)?,
+            pending,
+            oldest_pending_age_seconds,
             dead_letters,
         })
     }
@@ -249,27 +231,25 @@ impl Source for PostgresSource {
             sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE published_at IS NOT NULL")
                 .fetch_one(&self.pool)
                 .await?;
-        let by_type = sqlx::query(
-            "SELECT aggregatetype, COUNT(*), EXTRACT(EPOCH FROM now() - MIN(created_at))::float8 \
+        let pending_by_type = sqlx::query_as(
+            "SELECT aggregatetype, COUNT(*) AS pending, \
+               EXTRACT(EPOCH FROM now() - MIN(created_at))::float8 AS oldest_pending_age_seconds \
              FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
              GROUP BY aggregatetype ORDER BY 2 DESC, 1 LIMIT 50",
         )
         .fetch_all(&self.pool)
         .await?;
-        let owners = sqlx::query(
-            "SELECT owner, COUNT(*), EXTRACT(EPOCH FROM MIN(lease_until) - now())::float8 \
+        let owners = sqlx::query_as(
+            "SELECT owner, COUNT(*) AS shards, \
+               EXTRACT(EPOCH FROM MIN(lease_until) - now())::float8 AS lease_expires_in_seconds \
              FROM outbox_relay_shard WHERE owner IS NOT NULL GROUP BY owner ORDER BY owner",
         )
         .fetch_all(&self.pool)
-        .await
-        .and_then(|rows| rows.iter().map(shard_owner).collect());
+        .await;
         Ok(Status {
             backlog: self.backlog().await?,
             published,
-            pending_by_type: by_type
-                .iter()
-                .map(type_backlog)
-                .collect::<Result<_, sqlx::Error>>()?,
+            pending_by_type,
             dead_letter_rows: dead_letters(&self.pool).await?,
             shard_owners: owners_or_none(owners)?,
         })
@@ -307,44 +287,13 @@ impl Source for PostgresSource {
 }
 
 async fn dead_letters(pool: &PgPool) -> Result<Vec<DeadLetter>, SourceError> {
-    let rows = sqlx::query(
-        "SELECT id::text, aggregatetype, aggregateid, type, attempts, last_error FROM outbox \
+    Ok(sqlx::query_as(
+        "SELECT id::text AS id, aggregatetype, aggregateid, type, attempts, last_error FROM outbox \
          WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT $1",
     )
     .bind(DEAD_LETTERS_SHOWN)
     .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(dead_letter)
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(Into::into)
-}
-
-fn type_backlog(row: &sqlx::postgres::PgRow) -> Result<TypeBacklog, sqlx::Error> {
-    Ok(TypeBacklog {
-        aggregate_type: row.try_get(0)?,
-        pending: row.try_get(1)?,
-        oldest_pending_age_seconds: row.try_get(2)?,
-    })
-}
-
-fn shard_owner(row: &sqlx::postgres::PgRow) -> Result<ShardOwner, sqlx::Error> {
-    Ok(ShardOwner {
-        owner: row.try_get(0)?,
-        shards: row.try_get(1)?,
-        lease_expires_in_seconds: row.try_get(2)?,
-    })
-}
-
-fn dead_letter(row: &sqlx::postgres::PgRow) -> Result<DeadLetter, sqlx::Error> {
-    Ok(DeadLetter {
-        id: row.try_get(0)?,
-        aggregate_type: row.try_get(1)?,
-        aggregate_id: row.try_get(2)?,
-        event_type: row.try_get(3)?,
-        attempts: row.try_get(4)?,
-        last_error: row.try_get(5)?,
-    })
+    .await?)
 }
 
 /// This instance's shards and their epochs, `FOR SHARE` when claiming.

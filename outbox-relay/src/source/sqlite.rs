@@ -7,12 +7,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
-use sqlx::{AssertSqlSafe, Row};
 
 use super::{
     AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
-    SourceOptions, Status, TypeBacklog, question_mark_pairs, question_marks, redrive_filter,
+    SourceOptions, Status, question_mark_pairs, question_marks, redrive_filter,
 };
 use crate::record::OutboxRecord;
 
@@ -69,33 +69,15 @@ impl Source for SqliteSource {
         let sql = format!(
             "SELECT id, aggregatetype, aggregateid, type, payload, event_version, \
              aggregate_seq, traceparent, seq, attempts, \
-             (julianday('now') - julianday(created_at)) * 86400.0 FROM outbox \
+             (julianday('now') - julianday(created_at)) * 86400.0 AS age_at_claim FROM outbox \
              WHERE published_at IS NULL AND dead_lettered_at IS NULL{exclusion} \
              ORDER BY seq LIMIT ?"
         );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
+        let mut query = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql));
         for key in excluded {
             query = query.bind(&key.aggregate_type).bind(&key.aggregate_id);
         }
-        let rows = query.bind(limit as i64).fetch_all(&self.pool).await?;
-        let records = rows
-            .iter()
-            .map(|row| {
-                Ok(OutboxRecord {
-                    id: row.try_get(0)?,
-                    aggregate_type: row.try_get(1)?,
-                    aggregate_id: row.try_get(2)?,
-                    event_type: row.try_get(3)?,
-                    payload: row.try_get(4)?,
-                    event_version: row.try_get(5)?,
-                    aggregate_seq: row.try_get(6)?,
-                    traceparent: row.try_get(7)?,
-                    seq: row.try_get(8)?,
-                    attempts: row.try_get(9)?,
-                    age_at_claim: row.try_get(10)?,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let records = query.bind(limit as i64).fetch_all(&self.pool).await?;
         Ok(Box::new(SqliteClaim {
             pool: self.pool.clone(),
             records,
@@ -122,7 +104,7 @@ impl Source for SqliteSource {
     }
 
     async fn backlog(&self) -> Result<Backlog, SourceError> {
-        let pending = sqlx::query(
+        let (pending, oldest_pending_age_seconds): (i64, Option<f64>) = sqlx::query_as(
             "SELECT COUNT(*), (julianday('now') - julianday(MIN(created_at))) * 86400.0 \
              FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
         )
@@ -133,8 +115,8 @@ impl Source for SqliteSource {
                 .fetch_one(&self.pool)
                 .await?;
         Ok(Backlog {
-            pending: pending.try_get(0)?,
-            oldest_pending_age_seconds: pending.try_get(1)?,
+            pending,
+            oldest_pending_age_seconds,
             dead_letters,
         })
     }
@@ -144,9 +126,9 @@ impl Source for SqliteSource {
             sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE published_at IS NOT NULL")
                 .fetch_one(&self.pool)
                 .await?;
-        let by_type = sqlx::query(
-            "SELECT aggregatetype, COUNT(*), \
-               (julianday('now') - julianday(MIN(created_at))) * 86400.0 \
+        let pending_by_type = sqlx::query_as(
+            "SELECT aggregatetype, COUNT(*) AS pending, \
+               (julianday('now') - julianday(MIN(created_at))) * 86400.0 AS oldest_pending_age_seconds \
              FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
              GROUP BY aggregatetype ORDER BY 2 DESC, 1 LIMIT 50",
         )
@@ -155,16 +137,7 @@ impl Source for SqliteSource {
         Ok(Status {
             backlog: self.backlog().await?,
             published,
-            pending_by_type: by_type
-                .iter()
-                .map(|row| {
-                    Ok(TypeBacklog {
-                        aggregate_type: row.try_get(0)?,
-                        pending: row.try_get(1)?,
-                        oldest_pending_age_seconds: row.try_get(2)?,
-                    })
-                })
-                .collect::<Result<_, sqlx::Error>>()?,
+            pending_by_type,
             dead_letter_rows: dead_letters(&self.pool).await?,
             shard_owners: Vec::new(),
         })
@@ -195,28 +168,13 @@ impl Source for SqliteSource {
 }
 
 async fn dead_letters(pool: &SqlitePool) -> Result<Vec<DeadLetter>, SourceError> {
-    let rows = sqlx::query(
+    Ok(sqlx::query_as(
         "SELECT id, aggregatetype, aggregateid, type, attempts, last_error FROM outbox \
          WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT ?",
     )
     .bind(DEAD_LETTERS_SHOWN)
     .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(dead_letter)
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(Into::into)
-}
-
-fn dead_letter(row: &sqlx::sqlite::SqliteRow) -> Result<DeadLetter, sqlx::Error> {
-    Ok(DeadLetter {
-        id: row.try_get(0)?,
-        aggregate_type: row.try_get(1)?,
-        aggregate_id: row.try_get(2)?,
-        event_type: row.try_get(3)?,
-        attempts: row.try_get(4)?,
-        last_error: row.try_get(5)?,
-    })
+    .await?)
 }
 
 struct SqliteClaim {
