@@ -126,6 +126,10 @@ pub(crate) async fn write<C: ConnectionTrait>(
         *next_sequence.entry(row.aggregate_key()).or_default() += 1;
     }
     let backend = db.get_database_backend();
+    if backend == DbBackend::Postgres && rows.len() <= ROWS_PER_INSERT {
+        write_in_one_statement(db, &mut rows, &next_sequence).await?;
+        return Ok(rows.into_iter().map(Row::into_appended).collect());
+    }
     for ((aggregate_type, aggregate_id), next) in next_sequence.iter_mut() {
         let count = *next;
         let last = reserve_sequence(db, backend, aggregate_type, aggregate_id, count).await?;
@@ -142,16 +146,98 @@ pub(crate) async fn write<C: ConnectionTrait>(
     for chunk in rows.chunks(ROWS_PER_INSERT) {
         db.execute_raw(insert_statement(backend, chunk)).await?;
     }
-    Ok(rows
-        .into_iter()
-        .map(|row| AppendedEvent {
-            id: row.event.id,
-            aggregate_type: row.event.aggregate_type,
-            aggregate_id: row.aggregate_id,
-            event_type: row.event.event_type,
-            sequence: row.sequence,
-        })
-        .collect())
+    Ok(rows.into_iter().map(Row::into_appended).collect())
+}
+
+/// PostgreSQL: reserves the sequence numbers and inserts the rows in one
+/// statement (a data-modifying CTE), saving a round trip per aggregate.
+/// The multi-row upsert locks the sequence rows in `counts`' sorted order.
+async fn write_in_one_statement<C: ConnectionTrait>(
+    db: &C,
+    rows: &mut [Row],
+    counts: &BTreeMap<(&'static str, String), i64>,
+) -> Result<(), OutboxError> {
+    let mut values: Vec<Value> = Vec::with_capacity(counts.len() * 3 + rows.len() * 10);
+    let mut placeholder = 0;
+    let mut next = || {
+        placeholder += 1;
+        format!("${placeholder}")
+    };
+    let mut reservations = Vec::with_capacity(counts.len());
+    for ((aggregate_type, aggregate_id), count) in counts {
+        reservations.push(format!(
+            "({}::text, {}::text, {}::bigint)",
+            next(),
+            next(),
+            next()
+        ));
+        values.extend([
+            (*aggregate_type).into(),
+            aggregate_id.as_str().into(),
+            (*count).into(),
+        ]);
+    }
+    let mut positions: BTreeMap<(&'static str, String), i64> = BTreeMap::new();
+    let mut events = Vec::with_capacity(rows.len());
+    for (order, row) in rows.iter().enumerate() {
+        let key = row.aggregate_key();
+        let position = positions.entry(key.clone()).or_default();
+        *position += 1;
+        events.push(format!(
+            "({}::bigint, {}::uuid, {}::text, {}::text, {}::text, {}::jsonb, {}::int, {}::bigint, {}::bigint, {}::text)",
+            next(), next(), next(), next(), next(), next(), next(), next(), next(), next()
+        ));
+        values.extend([
+            (order as i64).into(),
+            row.event.id.into(),
+            row.event.aggregate_type.into(),
+            row.aggregate_id.as_str().into(),
+            row.event.event_type.into(),
+            row.event.payload.as_str().into(),
+            i64::from(row.event.version).into(),
+            (*position).into(),
+            counts[&key].into(),
+            row.event.traceparent.clone().into(),
+        ]);
+    }
+    let sql = format!(
+        "WITH reserved AS (\
+           INSERT INTO {SEQUENCE_TABLE} (aggregatetype, aggregateid, last_seq) VALUES {} \
+           ON CONFLICT (aggregatetype, aggregateid) \
+           DO UPDATE SET last_seq = {SEQUENCE_TABLE}.last_seq + excluded.last_seq \
+           RETURNING aggregatetype, aggregateid, last_seq) \
+         INSERT INTO {OUTBOX_TABLE} \
+           (id, aggregatetype, aggregateid, type, payload, event_version, aggregate_seq, traceparent) \
+         SELECT e.id, e.aggregatetype, e.aggregateid, e.type, e.payload, e.event_version, \
+           r.last_seq - e.count + e.position, e.traceparent \
+         FROM (VALUES {}) AS e(ord, id, aggregatetype, aggregateid, type, payload, event_version, \
+           position, count, traceparent) \
+         JOIN reserved r USING (aggregatetype, aggregateid) \
+         ORDER BY e.ord \
+         RETURNING id, aggregate_seq",
+        reservations.join(", "),
+        events.join(", ")
+    );
+    let inserted = db
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            sql,
+            values,
+        ))
+        .await?;
+    let mut sequences = std::collections::HashMap::with_capacity(inserted.len());
+    for row in &inserted {
+        sequences.insert(
+            row.try_get_by_index::<Uuid>(0)?,
+            row.try_get_by_index::<i64>(1)?,
+        );
+    }
+    for row in rows.iter_mut() {
+        row.sequence = *sequences
+            .get(&row.event.id)
+            .ok_or_else(|| OutboxError::Db(sea_orm::DbErr::RecordNotInserted))?;
+    }
+    Ok(())
 }
 
 /// A prepared event with the aggregate id and sequence number of its row.
@@ -164,6 +250,16 @@ struct Row {
 impl Row {
     fn aggregate_key(&self) -> (&'static str, String) {
         (self.event.aggregate_type, self.aggregate_id.clone())
+    }
+
+    fn into_appended(self) -> AppendedEvent {
+        AppendedEvent {
+            id: self.event.id,
+            aggregate_type: self.event.aggregate_type,
+            aggregate_id: self.aggregate_id,
+            event_type: self.event.event_type,
+            sequence: self.sequence,
+        }
     }
 }
 

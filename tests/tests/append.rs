@@ -1,6 +1,7 @@
 //! Appending events in the aggregate's transaction, on PostgreSQL, MariaDB
 //! and SQLite: each test runs once per backend against a fresh database.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ backend_tests!(
     unserializable_payload_writes_nothing,
     traceparent_and_explicit_ids_are_stored,
     sequence_survives_deleting_published_rows,
+    one_call_numbers_each_aggregate_in_order,
 );
 
 fn invoice_model(amount_cents: i64) -> invoice::ActiveModel {
@@ -406,5 +408,45 @@ async fn sequence_survives_deleting_published_rows(backend: Backend) {
     t.db.execute_unprepared("DELETE FROM outbox").await.unwrap();
     assert_eq!(append_one().await, 3);
     assert_eq!(invoice::Entity::find().all(&t.db).await.unwrap().len(), 0);
+    t.drop().await;
+}
+
+/// One call with the events of several aggregates interleaved, twice, and
+/// once more with more rows than one insert statement holds: every
+/// aggregate's events are numbered in the order given, continuing from the
+/// last call, and the returned numbers are the stored ones.
+async fn one_call_numbers_each_aggregate_in_order(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let calls: Vec<Vec<&str>> = vec![
+        vec!["a", "b", "a", "c", "a"],
+        vec!["b", "a", "b"],
+        (0..1200).map(|n| ["a", "b", "d"][n % 3]).collect(),
+    ];
+    let mut last: HashMap<&str, i64> = HashMap::new();
+    let mut expected: HashMap<String, i64> = HashMap::new();
+    for aggregates in calls {
+        let events = aggregates
+            .iter()
+            .zip(1..)
+            .map(|(aggregate, amount)| OutboxEvent::new(issued(amount)).aggregate_id(*aggregate));
+        let txn = t.db.begin().await.unwrap();
+        let appended = outbox_core::append(&txn, events).await.unwrap();
+        txn.commit().await.unwrap();
+        assert_eq!(appended.len(), aggregates.len());
+        for (aggregate, event) in aggregates.iter().zip(&appended) {
+            assert_eq!(event.aggregate_id, *aggregate);
+            let next = last.entry(aggregate).or_default();
+            *next += 1;
+            assert_eq!(event.sequence, *next, "aggregate {aggregate}");
+            expected.insert(event.id.to_string(), *next);
+        }
+    }
+    let stored: HashMap<String, i64> = t
+        .outbox_rows()
+        .await
+        .into_iter()
+        .map(|row| (row.id, row.aggregate_seq.unwrap()))
+        .collect();
+    assert_eq!(stored, expected);
     t.drop().await;
 }
