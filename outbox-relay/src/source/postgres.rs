@@ -338,23 +338,23 @@ impl Claim for PostgresClaim {
         if let Some(fencing) = &self.fencing {
             fencing.check(&owned_shards(&mut self.txn, &fencing.instance, false).await?)?;
         }
+        // The ids are bound as uuid[] and joined through unnest: a text[]
+        // compared with `= ANY` lets a generic plan, made while the table
+        // was small or unanalyzed, scan the table and cast per row.
         if !settlement.published.is_empty() {
             let sql = if self.delete_on_publish {
-                "DELETE FROM outbox WHERE id = ANY($1::uuid[])"
+                "DELETE FROM outbox AS o USING unnest($1::uuid[]) AS p(id) WHERE o.id = p.id"
             } else {
-                "UPDATE outbox SET published_at = now() WHERE id = ANY($1::uuid[])"
+                "UPDATE outbox AS o SET published_at = now() \
+                 FROM unnest($1::uuid[]) AS p(id) WHERE o.id = p.id"
             };
             sqlx::query(sql)
-                .bind(&settlement.published)
+                .bind(uuids(settlement.published.iter())?)
                 .execute(&mut *self.txn)
                 .await?;
         }
         if !settlement.failed.is_empty() {
-            let ids: Vec<&str> = settlement
-                .failed
-                .iter()
-                .map(|row| row.id.as_str())
-                .collect();
+            let ids = uuids(settlement.failed.iter().map(|row| &row.id))?;
             let errors: Vec<&str> = settlement
                 .failed
                 .iter()
@@ -380,6 +380,15 @@ impl Claim for PostgresClaim {
         self.txn.commit().await?;
         Ok(())
     }
+}
+
+/// Claimed ids (read as `id::text`) back as UUIDs.
+fn uuids<'a>(ids: impl Iterator<Item = &'a String>) -> Result<Vec<uuid::Uuid>, SourceError> {
+    ids.map(|id| {
+        uuid::Uuid::parse_str(id)
+            .map_err(|error| SourceError::Query(sqlx::Error::Decode(Box::new(error))))
+    })
+    .collect()
 }
 
 /// Shard ownership statements on PostgreSQL.
