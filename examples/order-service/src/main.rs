@@ -8,9 +8,6 @@
 //! ```
 //! Then publish the events with `outbox-relay run`.
 
-mod entity;
-mod events;
-
 use anyhow::Context;
 use clap::Parser;
 use outbox_core::ActiveModelOutboxExt;
@@ -21,8 +18,8 @@ use sea_orm::{
 };
 use sea_orm_migration::MigratorTrait;
 
-use entity::{order, order_line};
-use events::OrderPaid;
+use order_service::entity::{order, order_line};
+use order_service::events::OrderPaid;
 
 /// Places and pays orders; each saved with its events in one transaction.
 #[derive(Parser)]

@@ -1,0 +1,239 @@
+//! The inbox's cost per event on PostgreSQL: the order summary's effect
+//! (one upsert) applied in a transaction per event with and without
+//! `Inbox::apply`, the same in batches of 100 events per transaction, and
+//! the cost of skipping a redelivered event.
+//!
+//! ```sh
+//! cargo bench -p order-consumer --bench inbox               # 3 rounds of 2000 events
+//! cargo bench -p order-consumer --bench inbox -- --events 5000 --rounds 5
+//! ```
+//!
+//! Runs in a schema of its own on `OUTBOX_TEST_POSTGRES_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`), dropped at the end. Modes
+//! alternate within each round, so drift on a shared machine hits them
+//! alike.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use order_consumer::events::OrderEvent;
+use order_consumer::summary;
+use order_service::events::OrderLineAdded;
+use outbox_core::{EventMetadata, GapPolicy, Inbox, Outcome};
+use outbox_tests::{Backend, TestDb};
+use sea_orm::{DatabaseConnection, DbErr, TransactionTrait};
+
+/// Inbox overhead per event on PostgreSQL.
+#[derive(Parser)]
+struct Args {
+    /// Events per mode and round.
+    #[arg(long, default_value_t = 2000)]
+    events: usize,
+    /// Orders the events are spread over (each gets consecutive sequences).
+    #[arg(long, default_value_t = 100)]
+    orders: i64,
+    /// Rounds; modes alternate within each.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Events per transaction in the batched modes.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Effect,
+    EffectWithInbox,
+    Redelivered,
+    BatchEffect,
+    BatchEffectWithInbox,
+}
+
+impl Mode {
+    const ALL: [Mode; 5] = [
+        Mode::Effect,
+        Mode::EffectWithInbox,
+        Mode::Redelivered,
+        Mode::BatchEffect,
+        Mode::BatchEffectWithInbox,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Effect => "effect only, 1 event/txn",
+            Mode::EffectWithInbox => "effect + inbox, 1 event/txn",
+            Mode::Redelivered => "redelivery skipped by inbox, 1 event/txn",
+            Mode::BatchEffect => "effect only, batched",
+            Mode::BatchEffectWithInbox => "effect + inbox, batched",
+        }
+    }
+}
+
+/// Timings of one mode: per event (or per batch, divided by its size).
+#[derive(Default)]
+struct Samples {
+    per_event: Vec<Duration>,
+    total: Duration,
+    events: usize,
+}
+
+impl Samples {
+    fn events_per_second(&self) -> f64 {
+        self.events as f64 / self.total.as_secs_f64()
+    }
+
+    fn mean_us(&self) -> f64 {
+        self.total.as_secs_f64() * 1e6 / self.events as f64
+    }
+
+    fn percentile_us(&mut self, p: f64) -> f64 {
+        self.per_event.sort_unstable();
+        let index = ((self.per_event.len() as f64 - 1.0) * p).round() as usize;
+        self.per_event[index].as_secs_f64() * 1e6
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), DbErr> {
+    let args = Args::parse();
+    if !args.bench {
+        // `cargo test --all-targets` builds and runs benches without
+        // `--bench`: nothing to measure then.
+        println!("run with `cargo bench -p order-consumer --bench inbox`");
+        return Ok(());
+    }
+    let t = TestDb::new(Backend::Postgres).await;
+    summary::create_table(&t.db).await?;
+    let inbox = Inbox::new("bench", GapPolicy::Apply);
+
+    let mut samples: Vec<Samples> = Mode::ALL.iter().map(|_| Samples::default()).collect();
+    // One warm-up round, not counted.
+    for round in 0..=args.rounds {
+        let mut redeliveries = Vec::new();
+        for (index, mode) in Mode::ALL.into_iter().enumerate() {
+            let events = match mode {
+                Mode::Redelivered => std::mem::take(&mut redeliveries),
+                _ => events(&args, round, index),
+            };
+            let started = Instant::now();
+            let timings = run(&t.db, &inbox, mode, &events, args.batch).await?;
+            let elapsed = started.elapsed();
+            if mode == Mode::EffectWithInbox {
+                redeliveries = events;
+            }
+            if round > 0 {
+                let sample = &mut samples[index];
+                sample.per_event.extend(timings);
+                sample.total += elapsed;
+                sample.events += args.events;
+            }
+        }
+    }
+
+    println!(
+        "inbox overhead on PostgreSQL: {} events x {} rounds per mode, {} orders, batches of {}",
+        args.events, args.rounds, args.orders, args.batch
+    );
+    println!(
+        "{:<42} {:>10} {:>10} {:>10} {:>10}",
+        "mode", "events/s", "mean us", "p50 us", "p99 us"
+    );
+    for (mode, sample) in Mode::ALL.iter().zip(samples.iter_mut()) {
+        println!(
+            "{:<42} {:>10.0} {:>10.0} {:>10.0} {:>10.0}",
+            mode.label(),
+            sample.events_per_second(),
+            sample.mean_us(),
+            sample.percentile_us(0.5),
+            sample.percentile_us(0.99)
+        );
+    }
+    let mean = |mode: Mode| samples[Mode::ALL.iter().position(|m| *m == mode).unwrap()].mean_us();
+    let (single, single_inbox) = (mean(Mode::Effect), mean(Mode::EffectWithInbox));
+    let (batched, batched_inbox) = (mean(Mode::BatchEffect), mean(Mode::BatchEffectWithInbox));
+    println!(
+        "inbox overhead: +{:.0} us per event with a transaction per event ({:.2}x), \
+         +{:.0} us per event in batches ({:.2}x)",
+        single_inbox - single,
+        single_inbox / single,
+        batched_inbox - batched,
+        batched_inbox / batched
+    );
+    t.drop().await;
+    Ok(())
+}
+
+/// `args.events` line events over `args.orders` orders of their own (per
+/// round and mode), each order's sequence numbers in order.
+fn events(args: &Args, round: usize, mode: usize) -> Vec<(EventMetadata, OrderEvent)> {
+    let first_order = ((round * Mode::ALL.len() + mode) as i64) * args.orders;
+    let mut sequences = vec![0_i64; args.orders as usize];
+    (0..args.events)
+        .map(|n| {
+            let slot = n % args.orders as usize;
+            let order_id = first_order + slot as i64;
+            sequences[slot] += 1;
+            let metadata = EventMetadata {
+                id: uuid::Uuid::now_v7(),
+                event_type: "OrderLineAdded".into(),
+                version: 1,
+                topic: "outbox.event.Order".into(),
+                aggregate_id: Some(order_id.to_string()),
+                aggregate_sequence: Some(sequences[slot]),
+                traceparent: None,
+            };
+            let event = OrderEvent::LineAdded(OrderLineAdded {
+                order_id,
+                sku: "book".into(),
+                quantity: 1,
+                unit_price_cents: 2500,
+            });
+            (metadata, event)
+        })
+        .collect()
+}
+
+/// Applies `events` in `mode`; returns the time per event.
+async fn run(
+    db: &DatabaseConnection,
+    inbox: &Inbox,
+    mode: Mode,
+    events: &[(EventMetadata, OrderEvent)],
+    batch: usize,
+) -> Result<Vec<Duration>, DbErr> {
+    let per_txn = match mode {
+        Mode::BatchEffect | Mode::BatchEffectWithInbox => batch,
+        _ => 1,
+    };
+    let with_inbox = mode != Mode::Effect && mode != Mode::BatchEffect;
+    let mut timings = Vec::with_capacity(events.len());
+    for chunk in events.chunks(per_txn) {
+        let started = Instant::now();
+        let txn = db.begin().await?;
+        for (metadata, event) in chunk {
+            if with_inbox {
+                let outcome = inbox
+                    .apply(&txn, metadata, |txn| summary::apply(txn, event))
+                    .await?;
+                let expected_applied = mode != Mode::Redelivered;
+                assert_eq!(
+                    outcome.is_applied(),
+                    expected_applied,
+                    "{mode:?}: {outcome:?}"
+                );
+                if !expected_applied {
+                    assert_eq!(outcome, Outcome::Duplicate);
+                }
+            } else {
+                summary::apply(&txn, event).await?;
+            }
+        }
+        txn.commit().await?;
+        let per_event = started.elapsed() / chunk.len() as u32;
+        timings.extend(std::iter::repeat_n(per_event, chunk.len()));
+    }
+    Ok(timings)
+}
