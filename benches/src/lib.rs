@@ -1,0 +1,18 @@
+//! Benchmarks of the transactional outbox, run as binaries against the real
+//! services rather than as timed tests (see `BENCHMARKS.md` at the repository
+//! root for the results and the commands that reproduce them):
+//!
+//! - `bench-append`: what appending events costs a business transaction
+//!   (an order insert through SeaORM with 0, 1 and 10 events);
+//! - `bench-relay`: the relay's throughput against the database's own
+//!   claim-and-mark ceiling, its commit-to-ack latency at a fixed rate, and
+//!   its throughput with a long history of published rows.
+//!
+//! This library holds what both binaries share: the benchmark's order
+//! entity ([`order`]), latency statistics ([`stats`]), CPU accounting
+//! ([`cpu`]) and report printing ([`report`]).
+
+pub mod cpu;
+pub mod order;
+pub mod report;
+pub mod stats;
