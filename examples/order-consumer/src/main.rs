@@ -16,6 +16,7 @@ use clap::{Parser, ValueEnum};
 use order_consumer::consumer::OrderConsumer;
 use order_consumer::kafka::{self, KafkaSettings};
 use order_consumer::summary;
+use outbox_core::consume::inbox::MAX_CONSUMER_NAME_LEN;
 use outbox_core::{GapPolicy, Inbox};
 use outbox_migrations::CreateInbox;
 use sea_orm::{ConnectOptions, Database, DatabaseConnection};
@@ -46,7 +47,12 @@ struct Args {
     )]
     topic: String,
     /// Consumer group; also this consumer's name in the inbox tables.
-    #[arg(long, env = "ORDER_CONSUMER_GROUP", default_value = "order-summary")]
+    #[arg(
+        long,
+        env = "ORDER_CONSUMER_GROUP",
+        default_value = "order-summary",
+        value_parser = consumer_name
+    )]
     group: String,
     /// What to do with an event that follows a gap in its order's sequence.
     #[arg(long, env = "ORDER_CONSUMER_ON_GAP", value_enum, default_value_t = OnGap::Apply)]
@@ -203,6 +209,18 @@ fn one_line(error: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line
+}
+
+/// A consumer group name that fits the inbox tables' `consumer` column.
+fn consumer_name(name: &str) -> Result<String, String> {
+    let length = name.chars().count();
+    if (1..=MAX_CONSUMER_NAME_LEN).contains(&length) {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "a consumer group name has 1 to {MAX_CONSUMER_NAME_LEN} characters, this one has {length}"
+        ))
+    }
 }
 
 fn key_value(option: &str) -> Result<(String, String), String> {

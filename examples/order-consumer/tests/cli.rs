@@ -57,6 +57,12 @@ fn bad_options_are_refused() {
         stderr.contains("[possible values: apply, stop]"),
         "{stderr}"
     );
+    let (code, stderr) = consumer(&["--group", ""]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("a consumer group name has 1 to 255 characters"),
+        "{stderr}"
+    );
 }
 
 fn tempfile_dir() -> std::path::PathBuf {
