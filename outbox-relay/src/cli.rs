@@ -1,4 +1,4 @@
-//! The command line: `outbox-relay <run|migrate|status|cleanup>`.
+//! The command line: `outbox-relay <run|migrate|status|cleanup|retry|cdc>`.
 //!
 //! Every option can also come from an environment variable or from the TOML
 //! file given with `--config`; the command line wins over the environment,
@@ -70,6 +70,41 @@ pub enum Command {
     /// Make dead-lettered rows pending again (all, or those selected), once
     /// their cause is fixed
     Retry(RetryArgs),
+    /// Manage CDC mode's replication slot (PostgreSQL)
+    #[command(subcommand)]
+    Cdc(CdcCommand),
+}
+
+/// Where `run` reads committed rows from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunMode {
+    /// Claim pending rows from the outbox table (every database)
+    #[default]
+    Poll,
+    /// Read the outbox table's inserts from PostgreSQL's write-ahead log
+    /// through a logical replication slot (needs wal_level = logical)
+    Cdc,
+}
+
+/// The `cdc` commands.
+#[derive(Debug, Subcommand)]
+pub enum CdcCommand {
+    /// Drop the replication slot of a retired CDC relay, so the server stops
+    /// keeping WAL for it (and, with --publication, its publication)
+    DropSlot(DropSlotArgs),
+}
+
+/// Options of `cdc drop-slot`.
+#[derive(Debug, Args)]
+pub struct DropSlotArgs {
+    /// The replication slot to drop [default: outbox_relay]
+    #[arg(long, env = "OUTBOX_SLOT")]
+    pub slot: Option<String>,
+
+    /// Also drop this publication
+    #[arg(long)]
+    pub publication: Option<String>,
 }
 
 /// Where messages go.
@@ -85,6 +120,22 @@ pub enum SinkKind {
 /// Options of `run`.
 #[derive(Debug, Args, Default)]
 pub struct RunArgs {
+    /// Where committed rows are read from: `poll` claims them from the
+    /// outbox table; `cdc` reads the table's inserts from PostgreSQL's
+    /// write-ahead log [default: poll]
+    #[arg(long, env = "OUTBOX_MODE", value_enum)]
+    pub mode: Option<RunMode>,
+
+    /// CDC mode's replication slot, created if missing; one relay reads it
+    /// at a time, others stand by [default: outbox_relay]
+    #[arg(long, env = "OUTBOX_SLOT")]
+    pub slot: Option<String>,
+
+    /// CDC mode's publication of the outbox table's inserts, created if
+    /// missing [default: outbox_relay]
+    #[arg(long, env = "OUTBOX_PUBLICATION")]
+    pub publication: Option<String>,
+
     /// Where to publish [default: kafka when brokers are given, else stdout]
     #[arg(long, env = "OUTBOX_SINK", value_enum)]
     pub sink: Option<SinkKind>,
@@ -188,6 +239,10 @@ pub struct StatusArgs {
     /// Exit with code 1 when the oldest pending row is older than this (a check)
     #[arg(long, value_parser = parse_duration)]
     pub max_lag: Option<Duration>,
+
+    /// CDC mode's replication slot to report on (PostgreSQL) [default: outbox_relay]
+    #[arg(long, env = "OUTBOX_SLOT")]
+    pub slot: Option<String>,
 }
 
 /// Options of `cleanup`.

@@ -7,8 +7,12 @@ use anyhow::Context;
 use sea_orm::{ConnectOptions, Database};
 use sea_orm_migration::MigratorTrait;
 
-use crate::cli::{CleanupArgs, Cli, Command, RetryArgs, SinkKind, StatusArgs};
-use crate::config::{FileConfig, RunSettings, cleanup_retention, database_url};
+use crate::cdc::slot::{self as cdc_slot, SlotStatus};
+use crate::cdc::{CdcOptions, CdcRelay};
+use crate::cli::{
+    CdcCommand, CleanupArgs, Cli, Command, DropSlotArgs, RetryArgs, RunMode, SinkKind, StatusArgs,
+};
+use crate::config::{FileConfig, RunSettings, cleanup_retention, database_url, slot_name};
 use crate::health::{self, Health};
 use crate::message::TopicTemplate;
 use crate::progress::Progress;
@@ -19,7 +23,7 @@ use crate::shutdown::Shutdown;
 use crate::sink::Sink;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::stdout::StdoutSink;
-use crate::source::{self, SourceOptions, Status};
+use crate::source::{self, Source, SourceOptions, Status};
 
 /// Runs the parsed command line.
 pub async fn execute(cli: Cli) -> anyhow::Result<()> {
@@ -27,9 +31,16 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => run(RunSettings::resolve(&cli.global, *args, &file)?).await,
         Command::Migrate => migrate(&database_url(&cli.global, &file)).await,
-        Command::Status(args) => status(&database_url(&cli.global, &file), &args).await,
+        Command::Status(args) => {
+            let slot = slot_name(args.slot.clone(), &file)?;
+            status(&database_url(&cli.global, &file), &args, &slot).await
+        }
         Command::Cleanup(args) => cleanup(&database_url(&cli.global, &file), &args, &file).await,
         Command::Retry(args) => retry(&database_url(&cli.global, &file), &args).await,
+        Command::Cdc(CdcCommand::DropSlot(args)) => {
+            let slot = slot_name(args.slot.clone(), &file)?;
+            drop_slot(&database_url(&cli.global, &file), &slot, &args).await
+        }
     }
 }
 
@@ -40,14 +51,29 @@ async fn run(settings: RunSettings) -> anyhow::Result<()> {
         Some(_) => Some(crate::metrics::install().context("cannot install the metrics recorder")?),
         None => None,
     };
-    let source: Arc<dyn source::Source> =
-        Arc::from(source::connect(&settings.database_url, settings.source).await?);
+    // CDC mode marks and retains rows through a PostgreSQL source of its own.
+    let (source, postgres): (Arc<dyn source::Source>, _) = match settings.mode {
+        RunMode::Poll => (
+            Arc::from(source::connect(&settings.database_url, settings.source.clone()).await?),
+            None,
+        ),
+        RunMode::Cdc => {
+            let options = SourceOptions {
+                delete_on_publish: settings.source.delete_on_publish,
+                shards: None,
+            };
+            let postgres =
+                Arc::new(source::connect_postgres(&settings.database_url, options).await?);
+            (postgres.clone(), Some(postgres))
+        }
+    };
     let sink: Arc<dyn Sink> = match settings.sink {
         SinkKind::Stdout => Arc::new(StdoutSink),
         SinkKind::Kafka => Arc::new(KafkaSink::connect(settings.kafka.clone()).await?),
     };
     tracing::info!(
         database = %redact_url(&settings.database_url),
+        mode = ?settings.mode,
         sink = ?settings.sink,
         topics = %settings.topic_template,
         batch_size = settings.relay.batch_size,
@@ -66,15 +92,30 @@ async fn run(settings: RunSettings) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
     }
-    let relay = Relay::new(
-        source.clone(),
-        sink,
-        TopicTemplate::new(settings.topic_template),
-        settings.relay,
-    );
-    let outcome = relay.run(shutdown).await;
+    let topics = TopicTemplate::new(settings.topic_template);
+    let outcome = match postgres {
+        None => Relay::new(source.clone(), sink, topics, settings.relay)
+            .run(shutdown)
+            .await
+            .map_err(anyhow::Error::from),
+        Some(postgres) => {
+            let options = CdcOptions {
+                slot: settings.slot,
+                publication: settings.publication,
+                batch_size: settings.relay.batch_size,
+                max_backoff: settings.relay.max_backoff,
+                shutdown_timeout: settings.relay.shutdown_timeout,
+                retention: settings.relay.retention,
+                metrics_interval: settings.metrics_addr.map(|_| settings.metrics_interval),
+                ..CdcOptions::default()
+            };
+            CdcRelay::new(settings.database_url, postgres, sink, topics, options)
+                .run(shutdown)
+                .await
+        }
+    };
     source.close().await;
-    Ok(outcome?)
+    outcome
 }
 
 async fn migrate(url: &str) -> anyhow::Result<()> {
@@ -98,13 +139,26 @@ async fn migrate(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn status(url: &str, args: &StatusArgs) -> anyhow::Result<()> {
-    let source = source::connect(url, SourceOptions::default()).await?;
-    let status = source.status().await?;
+async fn status(url: &str, args: &StatusArgs, slot: &str) -> anyhow::Result<()> {
+    let (status, slot) = if source::is_postgres(url) {
+        let postgres = source::connect_postgres(url, SourceOptions::default()).await?;
+        let status = postgres.status().await?;
+        (status, cdc_slot::slot_status(postgres.pool(), slot).await?)
+    } else {
+        let source = source::connect(url, SourceOptions::default()).await?;
+        (source.status().await?, None)
+    };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
+        let mut json = serde_json::to_value(&status)?;
+        if let (Some(slot), Some(object)) = (&slot, json.as_object_mut()) {
+            object.insert("cdc_slot".into(), serde_json::to_value(slot)?);
+        }
+        println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
         print!("{}", status_table(&status));
+        if let Some(slot) = &slot {
+            print!("{}", slot_table(slot));
+        }
     }
     if let (Some(max_lag), Some(age)) = (args.max_lag, status.backlog.oldest_pending_age_seconds)
         && age > max_lag.as_secs_f64()
@@ -175,6 +229,54 @@ fn status_table(status: &Status) -> String {
     table
 }
 
+fn slot_table(slot: &SlotStatus) -> String {
+    let reader = match (slot.active, slot.active_pid) {
+        (true, Some(pid)) => format!("read by server process {pid}"),
+        (true, None) => "read".to_owned(),
+        (false, _) => "not read by any relay".to_owned(),
+    };
+    let bytes = |value: Option<i64>| value.map_or_else(|| "-".to_owned(), |b| format!("{b} bytes"));
+    format!(
+        "\ncdc slot {}: {reader}\n  confirmed up to  {}\n  behind           {}\n  WAL retained     {}\n",
+        slot.slot,
+        slot.confirmed_flush_lsn.as_deref().unwrap_or("-"),
+        bytes(slot.behind_bytes),
+        bytes(slot.retained_wal_bytes),
+    )
+}
+
+async fn drop_slot(url: &str, slot: &str, args: &DropSlotArgs) -> anyhow::Result<()> {
+    if !source::is_postgres(url) {
+        anyhow::bail!(
+            "replication slots exist on PostgreSQL only; the database URL is not postgres://"
+        );
+    }
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(url)
+        .await
+        .with_context(|| format!("cannot connect to the database at {}", redact_url(url)))?;
+    if cdc_slot::drop_slot(&pool, slot).await? {
+        eprintln!("dropped replication slot {slot}");
+    } else {
+        eprintln!("there is no replication slot {slot} in this database");
+    }
+    if let Some(publication) = &args.publication {
+        cdc_slot::check_name("--publication", publication)?;
+        // `publication` passed check_name: it needs no quoting.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP PUBLICATION IF EXISTS {publication}"
+        )))
+        .execute(&pool)
+        .await
+        .with_context(|| format!("cannot drop publication {publication}"))?;
+        eprintln!("dropped publication {publication}");
+    }
+    pool.close().await;
+    Ok(())
+}
+
 async fn cleanup(url: &str, args: &CleanupArgs, file: &FileConfig) -> anyhow::Result<()> {
     let retention = cleanup_retention(args, file)?;
     let source = source::connect(url, SourceOptions::default()).await?;
@@ -215,6 +317,23 @@ async fn retry(url: &str, args: &RetryArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slot_table_reads_well() {
+        let table = slot_table(&SlotStatus {
+            slot: "outbox_relay".into(),
+            active: true,
+            active_pid: Some(4242),
+            confirmed_flush_lsn: Some("0/16B6C50".into()),
+            behind_bytes: Some(0),
+            retained_wal_bytes: Some(2048),
+        });
+        assert_eq!(
+            table,
+            "\ncdc slot outbox_relay: read by server process 4242\n  confirmed up to  0/16B6C50\n  \
+             behind           0 bytes\n  WAL retained     2048 bytes\n"
+        );
+    }
 
     #[test]
     fn status_table_reads_well() {

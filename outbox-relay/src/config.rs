@@ -8,7 +8,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
-use crate::cli::{CleanupArgs, GlobalArgs, RunArgs, SinkKind, parse_duration};
+use crate::cdc::slot::{DEFAULT_NAME, check_name};
+use crate::cli::{CleanupArgs, GlobalArgs, RunArgs, RunMode, SinkKind, parse_duration};
 use crate::message::DEFAULT_TOPIC_TEMPLATE;
 use crate::relay::{RelayOptions, Retention};
 use crate::sink::kafka::KafkaOptions;
@@ -23,6 +24,9 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://outbox.db";
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     database_url: Option<String>,
+    mode: Option<RunMode>,
+    slot: Option<String>,
+    publication: Option<String>,
     sink: Option<SinkKind>,
     brokers: Option<String>,
     topic_template: Option<String>,
@@ -80,11 +84,26 @@ pub fn database_url(global: &GlobalArgs, file: &FileConfig) -> String {
         .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned())
 }
 
+/// The replication slot named on the command line, environment or file.
+pub fn slot_name(arg: Option<String>, file: &FileConfig) -> anyhow::Result<String> {
+    let slot = arg
+        .or_else(|| file.slot.clone())
+        .unwrap_or_else(|| DEFAULT_NAME.to_owned());
+    check_name("--slot", &slot)?;
+    Ok(slot)
+}
+
 /// Everything `run` needs.
 #[derive(Debug)]
 pub struct RunSettings {
     /// The database URL.
     pub database_url: String,
+    /// Polling or CDC.
+    pub mode: RunMode,
+    /// CDC mode's replication slot.
+    pub slot: String,
+    /// CDC mode's publication.
+    pub publication: String,
     /// The sink.
     pub sink: SinkKind,
     /// Kafka settings, used when the sink is Kafka.
@@ -105,6 +124,21 @@ impl RunSettings {
     /// Merges the command line, environment and file.
     pub fn resolve(global: &GlobalArgs, args: RunArgs, file: &FileConfig) -> anyhow::Result<Self> {
         let database_url = database_url(global, file);
+        let mode = args.mode.or(file.mode).unwrap_or_default();
+        if mode == RunMode::Cdc && !crate::source::is_postgres(&database_url) {
+            let scheme = database_url.split(':').next().unwrap_or_default();
+            bail!(
+                "--mode cdc reads PostgreSQL's write-ahead log, but the database is {scheme}; \
+                 use --mode poll"
+            );
+        }
+        let slot = slot_name(args.slot.clone(), file)?;
+        let publication = args
+            .publication
+            .clone()
+            .or_else(|| file.publication.clone())
+            .unwrap_or_else(|| DEFAULT_NAME.to_owned());
+        check_name("--publication", &publication)?;
         let brokers = args.brokers.or_else(|| file.brokers.clone());
         let sink = args.sink.or(file.sink).unwrap_or(if brokers.is_some() {
             SinkKind::Kafka
@@ -198,6 +232,9 @@ impl RunSettings {
         let defaults = KafkaOptions::default();
         Ok(Self {
             database_url,
+            mode,
+            slot,
+            publication,
             sink,
             kafka: KafkaOptions {
                 brokers: brokers.unwrap_or(defaults.brokers),
@@ -317,6 +354,46 @@ mod tests {
             settings.kafka.client_options,
             [("compression.type".to_owned(), "lz4".to_owned())]
         );
+    }
+
+    #[test]
+    fn cdc_mode_needs_postgres_and_valid_names() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            mode = "cdc"
+            slot = "relay_a"
+            "#,
+        )
+        .unwrap();
+        let settings = RunSettings::resolve(
+            &global(Some("postgres://db/test")),
+            RunArgs::default(),
+            &file,
+        )
+        .unwrap();
+        assert_eq!(settings.mode, RunMode::Cdc);
+        assert_eq!(
+            (settings.slot.as_str(), settings.publication.as_str()),
+            ("relay_a", "outbox_relay")
+        );
+        let error =
+            RunSettings::resolve(&global(Some("mysql://db/test")), RunArgs::default(), &file)
+                .unwrap_err()
+                .to_string();
+        assert!(error.contains("--mode cdc"), "{error}");
+        assert!(error.contains("mysql"), "{error}");
+        let args = RunArgs {
+            publication: Some("Bad-Name".into()),
+            ..RunArgs::default()
+        };
+        let error = RunSettings::resolve(&global(Some("postgres://db/test")), args, &file)
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("--publication"), "{error}");
+        let defaults =
+            RunSettings::resolve(&global(None), RunArgs::default(), &FileConfig::default())
+                .unwrap();
+        assert_eq!(defaults.mode, RunMode::Poll);
     }
 
     #[test]

@@ -6,8 +6,10 @@
 //! [`sink`] publishes the batch and answers per message, and the
 //! [`relay`] settles the claim, marking rows only after their
 //! acknowledgement. The `outbox-relay` binary wires these from its
-//! [`cli`] and [`config`].
+//! [`cli`] and [`config`]. In [`cdc`] mode, PostgreSQL's write-ahead log
+//! takes the place of the claims.
 
+pub mod cdc;
 pub mod cli;
 pub mod commands;
 pub mod config;

@@ -32,6 +32,12 @@ pub const OWNED_SHARDS: &str = "outbox_owned_shards";
 pub const DATABASE_UP: &str = "outbox_database_up";
 /// 1 when the last broker check succeeded.
 pub const BROKER_UP: &str = "outbox_broker_up";
+/// CDC mode: WAL written since the slot's confirmed position.
+pub const CDC_BEHIND: &str = "outbox_cdc_slot_behind_bytes";
+/// CDC mode: WAL the server keeps for the slot.
+pub const CDC_RETAINED_WAL: &str = "outbox_cdc_slot_retained_wal_bytes";
+/// CDC mode: 1 while this relay reads the slot, 0 while it stands by.
+pub const CDC_READING: &str = "outbox_cdc_reading";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -64,6 +70,18 @@ pub fn install() -> Result<PrometheusHandle, BuildError> {
     describe_gauge!(OWNED_SHARDS, "Shards this relay owns");
     describe_gauge!(DATABASE_UP, "1 when the last database check succeeded");
     describe_gauge!(BROKER_UP, "1 when the last broker check succeeded");
+    describe_gauge!(
+        CDC_BEHIND,
+        "WAL bytes written since the replication slot's confirmed position (CDC mode)"
+    );
+    describe_gauge!(
+        CDC_RETAINED_WAL,
+        "WAL bytes the server keeps for the replication slot (CDC mode)"
+    );
+    describe_gauge!(
+        CDC_READING,
+        "1 while this relay reads the replication slot, 0 while it stands by (CDC mode)"
+    );
     Ok(handle)
 }
 
@@ -149,4 +167,15 @@ pub fn record_owned_shards(count: usize) {
 pub fn record_connections(database_up: bool, broker_up: bool) {
     gauge!(DATABASE_UP).set(f64::from(u8::from(database_up)));
     gauge!(BROKER_UP).set(f64::from(u8::from(broker_up)));
+}
+
+/// Records the replication slot's position (CDC mode).
+pub fn record_slot(status: &crate::cdc::slot::SlotStatus) {
+    gauge!(CDC_BEHIND).set(status.behind_bytes.unwrap_or(0) as f64);
+    gauge!(CDC_RETAINED_WAL).set(status.retained_wal_bytes.unwrap_or(0) as f64);
+}
+
+/// Records whether this relay reads the replication slot (CDC mode).
+pub fn record_cdc_reading(reading: bool) {
+    gauge!(CDC_READING).set(f64::from(u8::from(reading)));
 }

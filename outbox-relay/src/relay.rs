@@ -347,7 +347,11 @@ pub fn settle(
 }
 
 /// Deletes old published rows every `retention.interval`.
-async fn run_retention(source: Arc<dyn Source>, retention: Retention, shutdown: Shutdown) {
+pub(crate) async fn run_retention(
+    source: Arc<dyn Source>,
+    retention: Retention,
+    shutdown: Shutdown,
+) {
     loop {
         tokio::select! {
             () = shutdown.requested() => return,
@@ -385,7 +389,7 @@ pub async fn delete_published(
 }
 
 /// The first pause after a failure, for the relay and for an aggregate.
-const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Aggregates whose last attempt failed, with when they may be tried again.
 #[derive(Debug)]
@@ -445,14 +449,14 @@ impl Cooldown {
 }
 
 /// Exponential backoff with a cap.
-struct Backoff {
+pub(crate) struct Backoff {
     initial: Duration,
     max: Duration,
     current: Duration,
 }
 
 impl Backoff {
-    fn new(initial: Duration, max: Duration) -> Self {
+    pub(crate) fn new(initial: Duration, max: Duration) -> Self {
         Self {
             initial,
             max,
@@ -460,13 +464,13 @@ impl Backoff {
         }
     }
 
-    fn next(&mut self) -> Duration {
+    pub(crate) fn next(&mut self) -> Duration {
         let pause = self.current;
         self.current = (self.current * 2).min(self.max);
         pause
     }
 
-    fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.current = self.initial;
     }
 }

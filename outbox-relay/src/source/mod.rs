@@ -311,6 +311,27 @@ pub async fn connect(url: &str, options: SourceOptions) -> Result<Box<dyn Source
     Ok(source)
 }
 
+/// Connects to a PostgreSQL database (CDC mode, and the slot state of
+/// `status`) and checks its outbox table.
+pub async fn connect_postgres(
+    url: &str,
+    options: SourceOptions,
+) -> Result<postgres::PostgresSource, SourceError> {
+    let source = postgres::PostgresSource::connect(url, options)
+        .await
+        .map_err(|error| missing_table(url, error))?;
+    source
+        .check_table()
+        .await
+        .map_err(|error| missing_table(url, error))?;
+    Ok(source)
+}
+
+/// Whether `url` names a PostgreSQL database.
+pub fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres:") || url.starts_with("postgresql:")
+}
+
 /// Shard owners, or none when the shard table does not exist (yet).
 pub(crate) fn owners_or_none(
     owners: Result<Vec<ShardOwner>, sqlx::Error>,

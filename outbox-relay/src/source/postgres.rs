@@ -87,6 +87,18 @@ impl PostgresSource {
         Ok(source)
     }
 
+    /// The connection pool, for statements outside the row claims.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Marks rows published outside a claim (CDC mode reads them from the
+    /// write-ahead log), or deletes them with `--delete-on-publish`. Rows
+    /// already gone, such as those of the insert+delete idiom, are skipped.
+    pub async fn mark_published(&self, ids: &[String]) -> Result<(), SourceError> {
+        mark_published(&self.pool, ids, self.delete_on_publish).await
+    }
+
     async fn listen(&self) -> Result<PgListener, sqlx::Error> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen(CHANNEL).await?;
@@ -342,16 +354,12 @@ impl Claim for PostgresClaim {
         // compared with `= ANY` lets a generic plan, made while the table
         // was small or unanalyzed, scan the table and cast per row.
         if !settlement.published.is_empty() {
-            let sql = if self.delete_on_publish {
-                "DELETE FROM outbox AS o USING unnest($1::uuid[]) AS p(id) WHERE o.id = p.id"
-            } else {
-                "UPDATE outbox AS o SET published_at = now() \
-                 FROM unnest($1::uuid[]) AS p(id) WHERE o.id = p.id"
-            };
-            sqlx::query(sql)
-                .bind(uuids(settlement.published.iter())?)
-                .execute(&mut *self.txn)
-                .await?;
+            mark_published(
+                &mut *self.txn,
+                &settlement.published,
+                self.delete_on_publish,
+            )
+            .await?;
         }
         if !settlement.failed.is_empty() {
             let ids = uuids(settlement.failed.iter().map(|row| &row.id))?;
@@ -380,6 +388,25 @@ impl Claim for PostgresClaim {
         self.txn.commit().await?;
         Ok(())
     }
+}
+
+/// Marks the rows `ids` published, or deletes them with `delete`.
+async fn mark_published<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    ids: &[String],
+    delete: bool,
+) -> Result<(), SourceError> {
+    let sql = if delete {
+        "DELETE FROM outbox AS o USING unnest($1::uuid[]) AS p(id) WHERE o.id = p.id"
+    } else {
+        "UPDATE outbox AS o SET published_at = now() \
+         FROM unnest($1::uuid[]) AS p(id) WHERE o.id = p.id"
+    };
+    sqlx::query(sql)
+        .bind(uuids(ids.iter())?)
+        .execute(executor)
+        .await?;
+    Ok(())
 }
 
 /// Claimed ids (read as `id::text`) back as UUIDs.

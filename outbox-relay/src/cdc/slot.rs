@@ -1,0 +1,297 @@
+//! The control side of CDC mode, over an ordinary connection: the
+//! `wal_level` check, the publication limited to the outbox table, the
+//! logical replication slot, its position for `status` and the metrics, and
+//! dropping it when a relay is retired.
+
+use std::str::FromStr;
+
+use anyhow::{Context, bail};
+use pgwire_replication::{ReplicationConfig, TlsConfig};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+
+use crate::redact::redact_url;
+
+/// The default name of the replication slot and of the publication.
+pub const DEFAULT_NAME: &str = "outbox_relay";
+
+/// Checks that `name` can name a slot or a publication: 1 to 63 lowercase
+/// letters, digits and underscores (PostgreSQL's rule for slot names).
+pub fn check_name(option: &str, name: &str) -> anyhow::Result<()> {
+    let valid = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_');
+    if !valid {
+        bail!(
+            "{option} {name:?} is not a valid name: use 1 to 63 lowercase letters, digits and \
+             underscores"
+        );
+    }
+    Ok(())
+}
+
+/// The error for a server whose `wal_level` is not `logical`.
+pub fn wal_level_error(level: &str) -> String {
+    format!(
+        "PostgreSQL's wal_level is `{level}`, but CDC mode reads the write-ahead log through \
+         logical decoding, which needs `logical`: run `ALTER SYSTEM SET wal_level = logical` \
+         as a superuser and restart PostgreSQL (or use --mode poll)"
+    )
+}
+
+/// Fails with [`wal_level_error`] unless the server decodes its WAL logically.
+pub async fn check_wal_level(pool: &PgPool) -> anyhow::Result<()> {
+    let level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
+        .fetch_one(pool)
+        .await
+        .context("cannot read wal_level")?;
+    if level != "logical" {
+        bail!(wal_level_error(&level));
+    }
+    Ok(())
+}
+
+/// The `pg_class` oid of the outbox table the connection's search path finds.
+pub async fn outbox_oid(pool: &PgPool) -> anyhow::Result<u32> {
+    let oid: i64 = sqlx::query_scalar("SELECT 'outbox'::regclass::oid::int8")
+        .fetch_one(pool)
+        .await
+        .context("cannot find the outbox table")?;
+    u32::try_from(oid).context("the outbox table's oid is out of range")
+}
+
+/// Creates the publication of the outbox table's inserts if it is missing;
+/// fails when a publication of that name exists without the table.
+pub async fn ensure_publication(pool: &PgPool, name: &str) -> anyhow::Result<()> {
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
+            .bind(name)
+            .fetch_one(pool)
+            .await?;
+    if !exists {
+        // `name` passed check_name: it needs no quoting.
+        let create =
+            format!("CREATE PUBLICATION {name} FOR TABLE outbox WITH (publish = 'insert')");
+        match sqlx::query(sqlx::AssertSqlSafe(create)).execute(pool).await {
+            Ok(_) => tracing::info!(publication = name, "created the publication"),
+            // Another relay created it at the same time.
+            Err(error) if has_state(&error, "42710") => {}
+            Err(error) => {
+                return Err(error).with_context(|| format!("cannot create publication {name}"));
+            }
+        }
+    }
+    let covers_outbox: bool = sqlx::query_scalar(
+        "SELECT p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel AS r \
+         WHERE r.prpubid = p.oid AND r.prrelid = 'outbox'::regclass) \
+         FROM pg_publication AS p WHERE p.pubname = $1",
+    )
+    .bind(name)
+    .fetch_one(pool)
+    .await?;
+    if !covers_outbox {
+        bail!(
+            "the publication {name} exists but does not include this outbox table: add it with \
+             `ALTER PUBLICATION {name} ADD TABLE <schema>.outbox` or choose another --publication"
+        );
+    }
+    Ok(())
+}
+
+/// Creates the logical replication slot (plugin `pgoutput`) if it is missing.
+/// Rows committed before the slot existed are not in it.
+pub async fn ensure_slot(pool: &PgPool, name: &str) -> anyhow::Result<()> {
+    if slot_status(pool, name).await?.is_some() {
+        return Ok(());
+    }
+    match sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(name)
+        .execute(pool)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(slot = name, "created the replication slot");
+            Ok(())
+        }
+        Err(error) if has_state(&error, "42710") => Ok(()),
+        Err(error) => Err(error).with_context(|| format!("cannot create replication slot {name}")),
+    }
+}
+
+/// A replication slot's state, as `status` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct SlotStatus {
+    /// The slot's name.
+    pub slot: String,
+    /// Whether a relay is reading from it now.
+    pub active: bool,
+    /// The server process of that relay.
+    pub active_pid: Option<i32>,
+    /// The position up to which every event was acknowledged.
+    pub confirmed_flush_lsn: Option<String>,
+    /// WAL written since that position: how far the relay is behind.
+    pub behind_bytes: Option<i64>,
+    /// WAL the server keeps for the slot (since its restart position).
+    pub retained_wal_bytes: Option<i64>,
+}
+
+/// The state of the slot `name` in the connection's database, if it exists.
+pub async fn slot_status(pool: &PgPool, name: &str) -> anyhow::Result<Option<SlotStatus>> {
+    let status = sqlx::query_as::<_, SlotStatus>(
+        "SELECT slot_name::text AS slot, active, active_pid, \
+         confirmed_flush_lsn::text AS confirmed_flush_lsn, \
+         pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 AS behind_bytes, \
+         pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 AS retained_wal_bytes \
+         FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()",
+    )
+    .bind(name)
+    .fetch_optional(pool)
+    .await
+    .with_context(|| format!("cannot read replication slot {name}"))?;
+    Ok(status)
+}
+
+/// Drops the slot `name`, releasing the WAL it retains; returns whether it
+/// existed. A slot a relay is reading from is not dropped.
+pub async fn drop_slot(pool: &PgPool, name: &str) -> anyhow::Result<bool> {
+    match slot_status(pool, name).await? {
+        None => Ok(false),
+        Some(SlotStatus {
+            active: true,
+            active_pid,
+            ..
+        }) => bail!(
+            "replication slot {name} is in use by a running relay (server process {}); \
+             stop that relay first",
+            active_pid.map_or_else(|| "?".to_owned(), |pid| pid.to_string())
+        ),
+        Some(_) => {
+            sqlx::query("SELECT pg_drop_replication_slot($1)")
+                .bind(name)
+                .execute(pool)
+                .await
+                .with_context(|| format!("cannot drop replication slot {name}"))?;
+            Ok(true)
+        }
+    }
+}
+
+/// Emits a small non-transactional message into the WAL, so that a relay
+/// on a quiet database gets a position to confirm and the slot keeps up
+/// with WAL written by other databases.
+pub async fn emit_heartbeat(pool: &PgPool) -> anyhow::Result<()> {
+    sqlx::query("SELECT pg_logical_emit_message(false, 'outbox-relay', 'heartbeat')")
+        .execute(pool)
+        .await
+        .context("cannot write the heartbeat")?;
+    Ok(())
+}
+
+/// The replication connection's settings, from the database URL.
+pub fn replication_config(
+    url: &str,
+    slot: &str,
+    publication: &str,
+) -> anyhow::Result<ReplicationConfig> {
+    let options = PgConnectOptions::from_str(url)
+        .with_context(|| format!("invalid database URL {}", redact_url(url)))?;
+    if matches!(
+        options.get_ssl_mode(),
+        PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull
+    ) {
+        bail!(
+            "CDC mode connects without TLS; remove sslmode from the database URL or use --mode poll"
+        );
+    }
+    let password = url::Url::parse(url)
+        .ok()
+        .and_then(|parsed| parsed.password().map(percent_decode))
+        .unwrap_or_default();
+    let host = match options.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => options.get_host().to_owned(),
+    };
+    let user = options.get_username().to_owned();
+    let database = options.get_database().unwrap_or(&user).to_owned();
+    Ok(
+        ReplicationConfig::new(host, user, password, database, slot, publication)
+            .with_port(options.get_port())
+            .with_tls(TlsConfig::disabled())
+            .with_application_name("outbox-relay"),
+    )
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let hex = bytes
+            .get(index + 1..index + 3)
+            .and_then(|pair| std::str::from_utf8(pair).ok())
+            .and_then(|pair| u8::from_str_radix(pair, 16).ok());
+        match (bytes[index], hex) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                index += 3;
+            }
+            (byte, _) => {
+                decoded.push(byte);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
+}
+
+/// Whether `error` is the database error `state` (a SQLSTATE).
+fn has_state(error: &sqlx::Error, state: &str) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some(state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wal_level_error_says_how_to_fix_it() {
+        let message = wal_level_error("replica");
+        assert!(message.contains("wal_level is `replica`"), "{message}");
+        assert!(
+            message.contains("ALTER SYSTEM SET wal_level = logical"),
+            "{message}"
+        );
+        assert!(message.contains("restart PostgreSQL"), "{message}");
+        assert!(!message.contains('\n'));
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("--slot", "outbox_relay_2").is_ok());
+        for bad in ["", "Outbox", "a-b", "a'b", &"x".repeat(64)] {
+            let error = check_name("--slot", bad).unwrap_err().to_string();
+            assert!(error.starts_with("--slot"), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_replication_connection_follows_the_url() {
+        let config = replication_config(
+            "postgres://relay:p%40ss@db.internal:6543/orders?options=-c%20search_path%3Dshop",
+            "s",
+            "p",
+        )
+        .unwrap();
+        assert_eq!(
+            (config.host.as_str(), config.port, config.user.as_str()),
+            ("db.internal", 6543, "relay")
+        );
+        assert_eq!(config.password, "p@ss");
+        assert_eq!(config.database, "orders");
+        assert_eq!(config.slot, "s");
+        let error = replication_config("postgres://h/db?sslmode=require", "s", "p").unwrap_err();
+        assert!(error.to_string().contains("without TLS"), "{error}");
+    }
+}
