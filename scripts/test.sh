@@ -20,6 +20,27 @@ check_port() {
 
 check_port PostgreSQL 5432 "start it (trust auth, database \`test\`) or set OUTBOX_TEST_POSTGRES_URL"
 check_port MariaDB 3306 "start it (root without password, database \`test\`) or set OUTBOX_TEST_MYSQL_URL"
+
+# CDC mode's tests read PostgreSQL's write-ahead log through logical
+# decoding, which needs wal_level = logical (a fresh server has `replica`).
+postgres_url="${OUTBOX_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+wal_level="$(psql "$postgres_url" -Atc 'SHOW wal_level')" ||
+    fail "cannot read wal_level from PostgreSQL at $postgres_url"
+if [[ "$wal_level" != logical ]]; then
+    echo "PostgreSQL's wal_level is $wal_level; setting it to logical and restarting the server"
+    psql "$postgres_url" -qc 'ALTER SYSTEM SET wal_level = logical' ||
+        fail "cannot set wal_level = logical (the tests' PostgreSQL user must be a superuser)"
+    pg_ctlcluster --skip-systemctl-redirect 15 main restart ||
+        fail "cannot restart PostgreSQL 15 (cluster main) to apply wal_level = logical; restart it by hand"
+    for _ in $(seq 1 60); do
+        if psql "$postgres_url" -Atc 'SELECT 1' >/dev/null 2>&1; then break; fi
+        sleep 1
+    done
+    wal_level="$(psql "$postgres_url" -Atc 'SHOW wal_level')" ||
+        fail "PostgreSQL did not come back after the restart"
+    [[ "$wal_level" == logical ]] || fail "wal_level is still $wal_level after the restart"
+fi
+
 command -v cargo-nextest >/dev/null 2>&1 || cargo install cargo-nextest --locked
 
 export KAFKA_PORT="${KAFKA_PORT:-9092}"

@@ -98,6 +98,11 @@ impl TestDb {
         }
     }
 
+    /// The database's (on PostgreSQL, the schema's) own name, `outbox_t_<uuid>`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The SeaORM backend of the connection.
     pub fn db_backend(&self) -> DbBackend {
         self.db.get_database_backend()

@@ -1,0 +1,557 @@
+//! CDC mode on real PostgreSQL (wal_level = logical, set by
+//! `scripts/test.sh`): the relay binary reads the outbox table's inserts
+//! from a replication slot and publishes them to the Kafka-API broker.
+//!
+//! Each test uses a slot and a publication named after its own schema and
+//! drops both at the end; slots a crashed test left behind are dropped by
+//! the next run once they are old, so they never exhaust the server's slots.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use outbox_core::OutboxEvent;
+use outbox_tests::events::InvoiceIssuedV2;
+use outbox_tests::kafka::{self, Consumed, PrivateBroker};
+use outbox_tests::process::{RelayProcess, run_to_end};
+use outbox_tests::stream::{append_events, check_stream};
+use outbox_tests::{Backend, TestDb};
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
+
+const RELAY: &str = env!("CARGO_BIN_EXE_outbox-relay");
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// A test's database with its own slot and publication names.
+struct CdcDb {
+    t: TestDb,
+}
+
+impl CdcDb {
+    async fn new() -> Self {
+        let t = TestDb::new(Backend::Postgres).await;
+        drop_stale_slots(&t.db).await;
+        Self { t }
+    }
+
+    /// The slot's and the publication's name: the schema's.
+    fn name(&self) -> &str {
+        self.t.name()
+    }
+
+    /// Starts `outbox-relay run --mode cdc` on this database's slot.
+    fn relay(&self, brokers: &str, extra: &[&str]) -> RelayProcess {
+        let mut args = vec![
+            "run",
+            "--mode",
+            "cdc",
+            "--slot",
+            self.name(),
+            "--publication",
+            self.name(),
+            "--brokers",
+            brokers,
+        ];
+        args.extend_from_slice(extra);
+        RelayProcess::spawn(Path::new(RELAY), &args, &[("DATABASE_URL", &self.t.url)])
+    }
+
+    async fn query_i64(&self, sql: &str) -> Option<i64> {
+        self.t
+            .db
+            .query_one_raw(Statement::from_string(self.t.db_backend(), sql.to_owned()))
+            .await
+            .expect("query")
+            .and_then(|row| row.try_get_by_index::<Option<i64>>(0).expect("value"))
+    }
+
+    /// The server process reading the slot, if any.
+    async fn reader_pid(&self) -> Option<i64> {
+        self.query_i64(&format!(
+            "SELECT active_pid::int8 FROM pg_replication_slots \
+             WHERE slot_name = '{}' AND active",
+            self.name()
+        ))
+        .await
+    }
+
+    /// Waits until a relay reads the slot (other than `previous`); rows
+    /// committed from then on are in it.
+    async fn wait_reading(&self, previous: Option<i64>, relay: &RelayProcess) -> i64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(pid) = self.reader_pid().await
+                && Some(pid) != previous
+            {
+                return pid;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no relay read slot {} within 60s; stderr:\n{}",
+                self.name(),
+                relay.stderr().join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Drops the slot (once no relay reads it), the publication and the schema.
+    async fn drop(self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.reader_pid().await.is_some() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let name = self.name().to_owned();
+        self.t
+            .db
+            .execute_unprepared(&format!(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = '{name}'"
+            ))
+            .await
+            .expect("drop the test's slot");
+        self.t
+            .db
+            .execute_unprepared(&format!("DROP PUBLICATION IF EXISTS {name}"))
+            .await
+            .expect("drop the test's publication");
+        self.t.drop().await;
+    }
+}
+
+/// Drops inactive test slots (and their publications) older than ten
+/// minutes: the names are `outbox_t_<uuid v7>`, whose first 48 bits are
+/// the creation time in milliseconds.
+async fn drop_stale_slots(db: &DatabaseConnection) {
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT slot_name::text FROM pg_replication_slots \
+             WHERE slot_name LIKE 'outbox\\_t\\_%' AND NOT active"
+                .to_owned(),
+        ))
+        .await
+        .expect("list test slots");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    for row in rows {
+        let name: String = row.try_get_by_index(0).unwrap();
+        let created_ms = name
+            .get(9..21)
+            .and_then(|hex| u128::from_str_radix(hex, 16).ok())
+            .unwrap_or(0);
+        if now_ms.saturating_sub(created_ms) > 10 * 60 * 1000 {
+            db.execute_unprepared(&format!(
+                "SELECT pg_drop_replication_slot('{name}') FROM pg_replication_slots \
+                 WHERE slot_name = '{name}' AND NOT active"
+            ))
+            .await
+            .ok();
+            db.execute_unprepared(&format!("DROP PUBLICATION IF EXISTS {name}"))
+                .await
+                .ok();
+        }
+    }
+}
+
+fn ids_of(events: &[outbox_core::AppendedEvent]) -> Vec<String> {
+    events.iter().map(|event| event.id.to_string()).collect()
+}
+
+/// Concurrent writers, some sharing aggregates, a rolled-back transaction
+/// and an insert+delete transaction: every committed event arrives once
+/// per aggregate in commit order, the rolled-back one never, and the rows
+/// left in the table end up marked published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writers_are_published_in_commit_order() {
+    let brokers = kafka::brokers();
+    let topics = kafka::topic_prefix("cdcorder");
+    let template = format!("{topics}.{{aggregatetype}}");
+    let cdc = CdcDb::new().await;
+    let relay = cdc.relay(&brokers, &["--topic-template", &template]);
+    cdc.wait_reading(None, &relay).await;
+
+    let writers: Vec<_> = (0..4)
+        .map(|writer| {
+            let db = cdc.t.db.clone();
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for round in 0..25 {
+                    // Writers 0 and 1 share aggregates, as do 2 and 3.
+                    let aggregate = format!("agg-{}-{}", writer / 2, round % 3);
+                    ids.extend(ids_of(&append_events(&db, &aggregate, 2).await));
+                }
+                ids
+            })
+        })
+        .collect();
+
+    let rolled_back = cdc.t.db.begin().await.unwrap();
+    outbox_core::append(
+        &rolled_back,
+        [OutboxEvent::new(InvoiceIssuedV2 {
+            amount_cents: -1,
+            note: None,
+        })
+        .aggregate_id("rolled-back")],
+    )
+    .await
+    .unwrap();
+    rolled_back.rollback().await.unwrap();
+
+    let transient = cdc.t.db.begin().await.unwrap();
+    let appended = outbox_core::append(
+        &transient,
+        [OutboxEvent::new(InvoiceIssuedV2 {
+            amount_cents: 7,
+            note: Some("deleted in its own transaction".into()),
+        })
+        .aggregate_id("transient")],
+    )
+    .await
+    .unwrap();
+    transient
+        .execute_unprepared(&format!(
+            "DELETE FROM outbox WHERE id = '{}'",
+            appended[0].id
+        ))
+        .await
+        .unwrap();
+    transient.commit().await.unwrap();
+
+    let mut ids = ids_of(&appended);
+    for writer in writers {
+        ids.extend(writer.await.unwrap());
+    }
+    let messages = kafka::consume(
+        &brokers,
+        &format!("{topics}.Invoice"),
+        ids.len(),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    let report = check_stream(&messages, &ids);
+    assert_eq!(report.duplicates, 0, "no duplicates without a crash");
+    assert_eq!(
+        messages.len(),
+        ids.len(),
+        "nothing but the committed events"
+    );
+    assert!(
+        messages
+            .iter()
+            .all(|message| message.key.as_deref() != Some("rolled-back")),
+        "a rolled-back event is never published"
+    );
+    let transient_message = messages
+        .iter()
+        .find(|message| message.key.as_deref() == Some("transient"))
+        .expect("the inserted-and-deleted event is published");
+    assert_eq!(transient_message.json()["amountCents"], 7);
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cdc.t.count("outbox WHERE published_at IS NULL").await > 0 {
+        assert!(Instant::now() < deadline, "published rows get marked");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(cdc.t.count("outbox").await, ids.len() as i64 - 1);
+    drop(relay);
+    cdc.drop().await;
+}
+
+/// SIGKILL while events are being written and published: the restarted
+/// relay resumes from the slot's confirmed position, without a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_relay_resumes_without_loss() {
+    let brokers = kafka::brokers();
+    let topics = kafka::topic_prefix("cdckill");
+    let template = format!("{topics}.{{aggregatetype}}");
+    let topic = format!("{topics}.Invoice");
+    let cdc = CdcDb::new().await;
+    let mut relay = cdc.relay(&brokers, &["--topic-template", &template]);
+    let first = cdc.wait_reading(None, &relay).await;
+
+    let db = cdc.t.db.clone();
+    let writer = tokio::spawn(async move {
+        let mut ids = Vec::new();
+        for round in 0..200 {
+            ids.extend(ids_of(
+                &append_events(&db, &format!("agg-{}", round % 10), 4).await,
+            ));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        ids
+    });
+    // Kill once some, but not all, events are on the broker.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let published =
+            kafka::consume(&brokers, &topic, 40, Duration::from_secs(5), Duration::ZERO);
+        if published.len() >= 40 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", relay.stderr().join("\n"));
+    }
+    relay.kill9();
+    assert!(
+        !writer.is_finished(),
+        "the kill hit the middle of the stream"
+    );
+
+    let relay = cdc.relay(&brokers, &["--topic-template", &template]);
+    cdc.wait_reading(Some(first), &relay).await;
+    let ids = writer.await.unwrap();
+    let messages = kafka::consume(
+        &brokers,
+        &topic,
+        ids.len(),
+        Duration::from_secs(90),
+        Duration::from_secs(1),
+    );
+    let report = check_stream(&messages, &ids);
+    eprintln!(
+        "{} events, {} messages, {} duplicates after the kill",
+        ids.len(),
+        messages.len(),
+        report.duplicates
+    );
+    drop(relay);
+    cdc.drop().await;
+}
+
+/// A second relay on the same slot stands by and takes over when the
+/// reading one dies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_takes_over_when_the_reader_dies() {
+    let brokers = kafka::brokers();
+    let topics = kafka::topic_prefix("cdcstandby");
+    let template = format!("{topics}.{{aggregatetype}}");
+    let topic = format!("{topics}.Invoice");
+    let cdc = CdcDb::new().await;
+    let mut active = cdc.relay(&brokers, &["--topic-template", &template]);
+    let first = cdc.wait_reading(None, &active).await;
+    let standby = cdc.relay(&brokers, &["--topic-template", &template]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !standby
+        .stderr()
+        .iter()
+        .any(|line| line.contains("standing by"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the second relay stands by: {}",
+            standby.stderr().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let mut ids = ids_of(&append_events(&cdc.t.db, "before", 5).await);
+    assert_eq!(
+        kafka::consume(&brokers, &topic, 5, Duration::from_secs(30), Duration::ZERO).len(),
+        5
+    );
+    active.kill9();
+    ids.extend(ids_of(&append_events(&cdc.t.db, "after", 5).await));
+    cdc.wait_reading(Some(first), &standby).await;
+    ids.extend(ids_of(&append_events(&cdc.t.db, "after", 5).await));
+    let messages = kafka::consume(
+        &brokers,
+        &topic,
+        ids.len(),
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+    );
+    check_stream(&messages, &ids);
+    assert!(
+        standby
+            .stderr()
+            .iter()
+            .any(|line| line.contains("reading the replication slot")),
+        "{}",
+        standby.stderr().join("\n")
+    );
+    drop(standby);
+    cdc.drop().await;
+}
+
+/// The same rows published by the polling relay and by CDC mode give the
+/// same messages, byte for byte (standard output shows topic, key, headers
+/// in order and payload).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn polling_and_cdc_publish_identical_messages() {
+    let cdc = CdcDb::new().await;
+    let mut relay = cdc.relay("127.0.0.1:1", &["--sink", "stdout"]);
+    cdc.wait_reading(None, &relay).await;
+
+    let txn = cdc.t.db.begin().await.unwrap();
+    outbox_core::append(
+        &txn,
+        [
+            OutboxEvent::new(InvoiceIssuedV2 {
+                amount_cents: 990,
+                note: Some("naïve ☕ \"quoted\"".into()),
+            })
+            .aggregate_id("inv-1")
+            .traceparent(TRACEPARENT),
+            OutboxEvent::new(InvoiceIssuedV2 {
+                amount_cents: 5,
+                note: None,
+            })
+            .aggregate_id("inv-1"),
+        ],
+    )
+    .await
+    .unwrap();
+    txn.commit().await.unwrap();
+    cdc.t
+        .db
+        .execute_unprepared(&format!(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES \
+             ('{}', 'Customer', 'c-7', 'CustomerRegistered', '{{\"name\": \"ada\", \"tags\": [1, 2.50]}}'), \
+             ('{}', 'Customer', 'c-8', 'CustomerForgotten', NULL)",
+            uuid::Uuid::now_v7(),
+            uuid::Uuid::now_v7()
+        ))
+        .await
+        .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while relay.stdout().len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "CDC published 4 messages: {:?}\n{}",
+            relay.stdout(),
+            relay.stderr().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    relay.signal("TERM");
+    assert_eq!(relay.wait(Duration::from_secs(30)), Some(0));
+    let from_wal = relay.stdout();
+
+    // CDC marked the rows published; make them pending for the polling relay.
+    cdc.t
+        .db
+        .execute_unprepared("UPDATE outbox SET published_at = NULL")
+        .await
+        .unwrap();
+    let (code, from_table, stderr) = run_to_end(
+        Path::new(RELAY),
+        &["run", "--drain", "--sink", "stdout"],
+        &[("DATABASE_URL", &cdc.t.url)],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let from_table: Vec<String> = from_table.lines().map(str::to_owned).collect();
+    assert_eq!(from_wal, from_table);
+    assert!(from_wal[0].contains(TRACEPARENT), "{}", from_wal[0]);
+    cdc.drop().await;
+}
+
+/// The broker goes away mid-stream: nothing is confirmed past what it
+/// acknowledged, and publishing resumes when it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn publishing_resumes_after_a_broker_outage() {
+    let mut broker = PrivateBroker::start();
+    let topics = kafka::topic_prefix("cdcoutage");
+    let template = format!("{topics}.{{aggregatetype}}");
+    let topic = format!("{topics}.Invoice");
+    let cdc = CdcDb::new().await;
+    let relay = cdc.relay(
+        &broker.address,
+        &["--topic-template", &template, "--send-timeout", "2s"],
+    );
+    cdc.wait_reading(None, &relay).await;
+    let mut ids = ids_of(&append_events(&cdc.t.db, "agg-1", 3).await);
+    let consumed = |expected: usize, broker: &PrivateBroker| -> Vec<Consumed> {
+        kafka::consume(
+            &broker.address,
+            &topic,
+            expected,
+            Duration::from_secs(60),
+            Duration::from_millis(300),
+        )
+    };
+    assert_eq!(consumed(3, &broker).len(), 3);
+
+    // The memory-backed broker loses its topics when stopped: what counts
+    // is that everything written during the outage arrives afterwards.
+    broker.stop();
+    let during = ids_of(&append_events(&cdc.t.db, "agg-1", 4).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        cdc.t.count("outbox WHERE published_at IS NULL").await >= 4,
+        "nothing is marked while the broker is away"
+    );
+    broker.restart();
+    ids.extend(during.iter().cloned());
+    ids.extend(ids_of(&append_events(&cdc.t.db, "agg-1", 2).await));
+    let messages = consumed(6, &broker);
+    let received: std::collections::HashSet<&str> = messages
+        .iter()
+        .filter_map(|message| message.header("id"))
+        .collect();
+    for id in ids.iter().skip(3) {
+        assert!(
+            received.contains(id.as_str()),
+            "event {id} arrived after the outage"
+        );
+    }
+    drop(relay);
+    cdc.drop().await;
+}
+
+/// `status` reports the slot; `cdc drop-slot` refuses a slot in use and
+/// drops a free one; CDC mode on another database is refused in one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_and_slot_cleanup() {
+    let cdc = CdcDb::new().await;
+    let mut relay = cdc.relay("127.0.0.1:1", &["--sink", "stdout"]);
+    cdc.wait_reading(None, &relay).await;
+    let env = [("DATABASE_URL", cdc.t.url.as_str())];
+    let (code, stdout, stderr) = run_to_end(
+        Path::new(RELAY),
+        &["status", "--json", "--slot", cdc.name()],
+        &env,
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let status: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(status["cdc_slot"]["slot"], cdc.name());
+    assert_eq!(status["cdc_slot"]["active"], true);
+    assert!(status["cdc_slot"]["retained_wal_bytes"].as_i64().unwrap() >= 0);
+
+    let (code, _, stderr) = run_to_end(
+        Path::new(RELAY),
+        &["cdc", "drop-slot", "--slot", cdc.name()],
+        &env,
+    );
+    assert_eq!(code, 1);
+    assert!(stderr.contains("in use by a running relay"), "{stderr}");
+
+    relay.signal("TERM");
+    assert_eq!(relay.wait(Duration::from_secs(30)), Some(0));
+    let (code, _, stderr) = run_to_end(
+        Path::new(RELAY),
+        &[
+            "cdc",
+            "drop-slot",
+            "--slot",
+            cdc.name(),
+            "--publication",
+            cdc.name(),
+        ],
+        &env,
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("dropped replication slot"), "{stderr}");
+    assert_eq!(cdc.reader_pid().await, None);
+
+    let (code, _, stderr) = run_to_end(
+        Path::new(RELAY),
+        &["run", "--mode", "cdc", "--database-url", "sqlite://cdc.db"],
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--mode cdc"), "{stderr}");
+    cdc.drop().await;
+}
