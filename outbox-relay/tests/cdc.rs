@@ -555,3 +555,59 @@ async fn status_and_slot_cleanup() {
     assert!(stderr.contains("--mode cdc"), "{stderr}");
     cdc.drop().await;
 }
+
+/// WAL written elsewhere while the outbox table is quiet does not stay
+/// pinned by the slot: the relay confirms the positions it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quiet_outbox_table_does_not_pin_wal() {
+    let cdc = CdcDb::new().await;
+    let relay = cdc.relay("127.0.0.1:1", &["--sink", "stdout"]);
+    cdc.wait_reading(None, &relay).await;
+    let wal_position = || async {
+        let row = cdc
+            .t
+            .db
+            .query_one_raw(Statement::from_string(
+                cdc.t.db_backend(),
+                "SELECT pg_current_wal_lsn()::text".to_owned(),
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get_by_index::<String>(0).unwrap()
+    };
+    let before = wal_position().await;
+    cdc.t
+        .db
+        .execute_unprepared(
+            "CREATE TABLE busy AS SELECT g AS n, repeat('x', 200) AS pad \
+             FROM generate_series(1, 20000) AS g",
+        )
+        .await
+        .unwrap();
+    let after = wal_position().await;
+    let written = cdc
+        .query_i64(&format!(
+            "SELECT pg_wal_lsn_diff('{after}', '{before}')::int8"
+        ))
+        .await
+        .unwrap();
+    assert!(written > 1_000_000, "the table wrote WAL: {written} bytes");
+    let confirmed = format!(
+        "SELECT (confirmed_flush_lsn >= '{after}')::int4::int8 FROM pg_replication_slots \
+         WHERE slot_name = '{}'",
+        cdc.name()
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cdc.query_i64(&confirmed).await != Some(1) {
+        assert!(
+            Instant::now() < deadline,
+            "the slot is not confirmed past {after}; stderr:\n{}",
+            relay.stderr().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(relay.stdout().is_empty(), "nothing to publish");
+    drop(relay);
+    cdc.drop().await;
+}
