@@ -69,6 +69,60 @@ where
     write(db, prepared, None).await
 }
 
+/// Appends events and deletes their rows again in the same transaction:
+/// Debezium's insert+delete idiom, which keeps the outbox table empty.
+///
+/// Only a relay reading PostgreSQL's write-ahead log publishes such events:
+/// `outbox-relay run --mode cdc` (or Debezium) sees the insert at commit and
+/// ignores the delete; a polling relay never sees the rows at all. The
+/// events get their aggregate sequence numbers as with [`append`], and
+/// anything but PostgreSQL is refused before a write.
+///
+/// ```no_run
+/// # use outbox_core::{DomainEvent, OutboxEvent};
+/// # use sea_orm::{DatabaseConnection, TransactionTrait};
+/// #[derive(DomainEvent, serde::Serialize)]
+/// #[domain_event(aggregate = "Order", version = 1)]
+/// struct OrderShipped { carrier: String }
+///
+/// # async fn ship(db: &DatabaseConnection) -> Result<(), Box<dyn std::error::Error>> {
+/// let txn = db.begin().await?;
+/// let shipped = OrderShipped { carrier: "DHL".into() };
+/// outbox_core::append_transient(&txn, [OutboxEvent::new(shipped).aggregate_id("42")]).await?;
+/// txn.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn append_transient<C, I>(db: &C, events: I) -> Result<Vec<AppendedEvent>, OutboxError>
+where
+    C: ConnectionTrait,
+    I: IntoIterator,
+    I::Item: Into<OutboxEvent>,
+{
+    ensure_transaction::<C>()?;
+    let backend = db.get_database_backend();
+    if backend != DbBackend::Postgres {
+        return Err(OutboxError::TransientNeedsPostgres {
+            backend: format!("{backend:?}"),
+        });
+    }
+    let prepared = prepare(events)?;
+    let appended = write(db, prepared, None).await?;
+    for chunk in appended.chunks(ROWS_PER_INSERT) {
+        let placeholders: Vec<String> = (1..=chunk.len()).map(|n| format!("${n}")).collect();
+        let values: Vec<Value> = chunk.iter().map(|event| event.id.into()).collect();
+        db.execute_raw(Statement::from_sql_and_values(
+            backend,
+            format!(
+                "DELETE FROM {OUTBOX_TABLE} WHERE id IN ({})",
+                placeholders.join(", ")
+            ),
+            values,
+        ))
+        .await?;
+    }
+    Ok(appended)
+}
+
 /// Refuses a connection that is not a [`DatabaseTransaction`]: events written
 /// on an auto-committing connection could commit without the aggregate.
 pub(crate) fn ensure_transaction<C: ConnectionTrait>() -> Result<(), OutboxError> {

@@ -56,6 +56,16 @@ pub enum OutboxError {
         /// What is wrong with it.
         reason: String,
     },
+    /// [`crate::append_transient`] on a database without a log-based relay.
+    /// Nothing was written.
+    #[error(
+        "transient events are read from PostgreSQL's write-ahead log by a CDC relay, but the \
+         connection is {backend}; use `append`, whose rows the polling relay publishes"
+    )]
+    TransientNeedsPostgres {
+        /// The connection's database.
+        backend: String,
+    },
     /// The database refused a statement.
     #[error(transparent)]
     Db(#[from] DbErr),

@@ -11,7 +11,9 @@
 //! - [`ActiveModelOutboxExt`] saves an ActiveModel and appends its events in one call.
 //! - [`EmitEvents`] with [`active_model_behavior!`] appends the events that
 //!   follow from a saved row from SeaORM's hooks.
-//! - [`append`] appends events on their own.
+//! - [`append`] appends events on their own; [`append_transient`] deletes
+//!   their rows again in the same transaction, for a relay reading
+//!   PostgreSQL's write-ahead log (the insert+delete idiom).
 //!
 //! On the consumer's side ([`consume`]):
 //!
@@ -37,7 +39,7 @@ pub mod hooks;
 mod outbox_event;
 
 pub use active_model::ActiveModelOutboxExt;
-pub use append::{AppendedEvent, OUTBOX_TABLE, SEQUENCE_TABLE, append};
+pub use append::{AppendedEvent, OUTBOX_TABLE, SEQUENCE_TABLE, append, append_transient};
 pub use consume::inbox::{INBOX_SEQUENCE_TABLE, INBOX_TABLE};
 pub use consume::{
     DecodeError, Decoded, EventDecoder, EventMetadata, Gap, GapPolicy, Inbox, IncomingMessage,

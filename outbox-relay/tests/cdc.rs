@@ -200,7 +200,7 @@ async fn concurrent_writers_are_published_in_commit_order() {
     rolled_back.rollback().await.unwrap();
 
     let transient = cdc.t.db.begin().await.unwrap();
-    let appended = outbox_core::append(
+    let appended = outbox_core::append_transient(
         &transient,
         [OutboxEvent::new(InvoiceIssuedV2 {
             amount_cents: 7,
@@ -210,14 +210,18 @@ async fn concurrent_writers_are_published_in_commit_order() {
     )
     .await
     .unwrap();
-    transient
+    transient.commit().await.unwrap();
+    // The idiom in plain SQL: insert and delete in one transaction.
+    let plain_id = uuid::Uuid::now_v7().to_string();
+    cdc.t
+        .db
         .execute_unprepared(&format!(
-            "DELETE FROM outbox WHERE id = '{}'",
-            appended[0].id
+            "BEGIN; INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             VALUES ('{plain_id}', 'Transient', 'plain', 'Noted', '{{}}'); \
+             DELETE FROM outbox WHERE id = '{plain_id}'; COMMIT"
         ))
         .await
         .unwrap();
-    transient.commit().await.unwrap();
 
     let mut ids = ids_of(&appended);
     for writer in writers {
@@ -248,6 +252,15 @@ async fn concurrent_writers_are_published_in_commit_order() {
         .find(|message| message.key.as_deref() == Some("transient"))
         .expect("the inserted-and-deleted event is published");
     assert_eq!(transient_message.json()["amountCents"], 7);
+    let plain = kafka::consume(
+        &brokers,
+        &format!("{topics}.Transient"),
+        1,
+        Duration::from_secs(30),
+        Duration::ZERO,
+    );
+    assert_eq!(plain.len(), 1);
+    assert_eq!(plain[0].header("id"), Some(plain_id.as_str()));
 
     let deadline = Instant::now() + Duration::from_secs(20);
     while cdc.t.count("outbox WHERE published_at IS NULL").await > 0 {

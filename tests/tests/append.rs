@@ -27,6 +27,7 @@ backend_tests!(
     traceparent_and_explicit_ids_are_stored,
     sequence_survives_deleting_published_rows,
     one_call_numbers_each_aggregate_in_order,
+    transient_events_leave_no_row,
 );
 
 fn invoice_model(amount_cents: i64) -> invoice::ActiveModel {
@@ -448,5 +449,49 @@ async fn one_call_numbers_each_aggregate_in_order(backend: Backend) {
         .map(|row| (row.id, row.aggregate_seq.unwrap()))
         .collect();
     assert_eq!(stored, expected);
+    t.drop().await;
+}
+
+/// `append_transient` (the insert+delete idiom) leaves the table empty and
+/// still numbers the aggregate's events; without PostgreSQL's write-ahead
+/// log to publish from, it is refused before any write.
+async fn transient_events_leave_no_row(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let txn = t.db.begin().await.unwrap();
+    let result = outbox_core::append_transient(
+        &txn,
+        [
+            OutboxEvent::new(issued(1)).aggregate_id("t-1"),
+            OutboxEvent::new(issued(2)).aggregate_id("t-1"),
+        ],
+    )
+    .await;
+    match backend {
+        Backend::Postgres => {
+            let appended = result.unwrap();
+            let sequences: Vec<i64> = appended.iter().map(|event| event.sequence).collect();
+            assert_eq!(sequences, [1, 2]);
+            let later =
+                outbox_core::append(&txn, [OutboxEvent::new(issued(3)).aggregate_id("t-1")])
+                    .await
+                    .unwrap();
+            assert_eq!(later[0].sequence, 3, "the sequence went on");
+        }
+        Backend::MySql | Backend::Sqlite => {
+            let error = result.unwrap_err();
+            assert!(
+                matches!(error, OutboxError::TransientNeedsPostgres { .. }),
+                "{error:?}"
+            );
+            assert!(error.to_string().contains("use `append`"), "{error}");
+        }
+    }
+    txn.commit().await.unwrap();
+    let expected = if backend == Backend::Postgres { 1 } else { 0 };
+    assert_eq!(
+        t.count("outbox").await,
+        expected,
+        "only the plain append stays"
+    );
     t.drop().await;
 }
