@@ -471,7 +471,15 @@ async fn publishing_resumes_after_a_broker_outage() {
     let cdc = CdcDb::new().await;
     let relay = cdc.relay(
         &broker.address,
-        &["--topic-template", &template, "--send-timeout", "2s"],
+        &[
+            "--topic-template",
+            &template,
+            "--send-timeout",
+            "2s",
+            // Small batches: the outage's events fill the read-ahead.
+            "--batch-size",
+            "2",
+        ],
     );
     cdc.wait_reading(None, &relay).await;
     let mut ids = ids_of(&append_events(&cdc.t.db, "agg-1", 3).await);
@@ -489,20 +497,38 @@ async fn publishing_resumes_after_a_broker_outage() {
     // The memory-backed broker loses its topics when stopped: what counts
     // is that everything written during the outage arrives afterwards.
     broker.stop();
-    let during = ids_of(&append_events(&cdc.t.db, "agg-1", 4).await);
+    let mut during = Vec::new();
+    for _ in 0..20 {
+        during.extend(ids_of(&append_events(&cdc.t.db, "agg-1", 1).await));
+    }
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
-        cdc.t.count("outbox WHERE published_at IS NULL").await >= 4,
+        cdc.t.count("outbox WHERE published_at IS NULL").await >= 20,
         "nothing is marked while the broker is away"
     );
     broker.restart();
     ids.extend(during.iter().cloned());
     ids.extend(ids_of(&append_events(&cdc.t.db, "agg-1", 2).await));
-    let messages = consumed(6, &broker);
+    let messages = consumed(22, &broker);
     let received: std::collections::HashSet<&str> = messages
         .iter()
         .filter_map(|message| message.header("id"))
         .collect();
+    let mut first_arrivals: Vec<i64> = Vec::new();
+    for message in &messages {
+        let sequence: i64 = message
+            .header("aggregateSequence")
+            .unwrap()
+            .parse()
+            .unwrap();
+        if !first_arrivals.contains(&sequence) {
+            first_arrivals.push(sequence);
+        }
+    }
+    assert!(
+        first_arrivals.is_sorted(),
+        "the aggregate's events arrive in order: {first_arrivals:?}"
+    );
     for id in ids.iter().skip(3) {
         assert!(
             received.contains(id.as_str()),

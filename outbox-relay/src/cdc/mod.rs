@@ -127,6 +127,9 @@ struct Delivered {
     sent_at: Instant,
 }
 
+/// Batches of committed transactions read ahead of the one in flight.
+const BUFFERED_BATCHES: usize = 4;
+
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
 const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
@@ -287,12 +290,16 @@ impl CdcRelay {
         // A position past everything delivered, to confirm once the batch
         // in flight is acknowledged.
         let mut idle_position: Option<Lsn> = None;
+        // Records in `ready`.
+        let mut buffered = 0usize;
         let mut last_message = Instant::now();
         let mut heartbeat = tokio::time::interval(self.options.heartbeat_interval);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if in_flight.is_none() && !ready.is_empty() {
-                in_flight = Some(self.deliver(take_batch(&mut ready, self.options.batch_size)));
+                let batch = take_batch(&mut ready, self.options.batch_size);
+                buffered -= batch.iter().map(|c| c.records.len()).sum::<usize>();
+                in_flight = Some(self.deliver(batch));
             }
             tokio::select! {
                 biased;
@@ -321,7 +328,9 @@ impl CdcRelay {
                     }
                     self.settle(client, delivered).await?;
                 }
-                event = client.recv() => {
+                // While the sink is slow or down, stop reading once a few
+                // batches wait: the server holds the rest in its WAL.
+                event = client.recv(), if buffered < self.options.batch_size.saturating_mul(BUFFERED_BATCHES) => {
                     last_message = Instant::now();
                     let event = match event {
                         Ok(Some(event)) => event,
@@ -349,6 +358,7 @@ impl CdcRelay {
                         ReplicationEvent::Commit { end_lsn, .. } => match open.take() {
                             Some(mut committed) if !committed.records.is_empty() => {
                                 committed.end_lsn = end_lsn;
+                                buffered += committed.records.len();
                                 ready.push_back(committed);
                                 None
                             }
