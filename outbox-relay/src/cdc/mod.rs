@@ -287,8 +287,12 @@ impl CdcRelay {
         let mut open: Option<Committed> = None;
         let mut ready: VecDeque<Committed> = VecDeque::new();
         let mut in_flight: Option<BoxFuture<'static, Result<Delivered, Undelivered>>> = None;
-        // A position past everything delivered, to confirm once the batch
-        // in flight is acknowledged.
+        // Acknowledged batches wait here to be marked and confirmed, one at
+        // a time and in order, while the next batch is already being sent.
+        let mut acknowledged: VecDeque<Delivered> = VecDeque::new();
+        let mut settling: Option<BoxFuture<'static, anyhow::Result<Lsn>>> = None;
+        // A position past everything read, to confirm once nothing before
+        // it is left unconfirmed.
         let mut idle_position: Option<Lsn> = None;
         // Records in `ready`.
         let mut buffered = 0usize;
@@ -301,6 +305,11 @@ impl CdcRelay {
                 buffered -= batch.iter().map(|c| c.records.len()).sum::<usize>();
                 in_flight = Some(self.deliver(batch));
             }
+            if settling.is_none()
+                && let Some(delivered) = acknowledged.pop_front()
+            {
+                settling = Some(self.settle(delivered));
+            }
             tokio::select! {
                 biased;
                 () = shutdown.requested() => {
@@ -308,7 +317,13 @@ impl CdcRelay {
                         && let Ok(Ok(delivered)) =
                             tokio::time::timeout(self.options.shutdown_timeout, batch).await
                     {
-                        self.settle(client, delivered).await?;
+                        acknowledged.push_back(delivered);
+                    }
+                    if let Some(settle) = settling.take() {
+                        client.update_applied_lsn(settle.await?);
+                    }
+                    for delivered in acknowledged.drain(..) {
+                        client.update_applied_lsn(self.settle(delivered).await?);
                     }
                     // The worker reports the last confirmed position within
                     // the status interval.
@@ -317,16 +332,21 @@ impl CdcRelay {
                 }
                 outcome = async { in_flight.as_mut().expect("guarded").await }, if in_flight.is_some() => {
                     in_flight = None;
-                    let mut delivered = match outcome {
-                        Ok(delivered) => delivered,
+                    match outcome {
+                        Ok(delivered) => acknowledged.push_back(delivered),
                         Err(Undelivered(reason)) => return Ok(SessionEnd::SinkClosed(reason)),
-                    };
-                    if ready.is_empty()
+                    }
+                }
+                confirmed = async { settling.as_mut().expect("guarded").await }, if settling.is_some() => {
+                    settling = None;
+                    client.update_applied_lsn(confirmed?);
+                    if in_flight.is_none()
+                        && ready.is_empty()
+                        && acknowledged.is_empty()
                         && let Some(position) = idle_position.take()
                     {
-                        delivered.end_lsn = delivered.end_lsn.max(position);
+                        client.update_applied_lsn(position);
                     }
-                    self.settle(client, delivered).await?;
                 }
                 // While the sink is slow or down, stop reading once a few
                 // batches wait: the server holds the rest in its WAL.
@@ -375,7 +395,7 @@ impl CdcRelay {
                     {
                         if let Some(last) = ready.back_mut() {
                             last.end_lsn = last.end_lsn.max(position);
-                        } else if in_flight.is_some() {
+                        } else if in_flight.is_some() || settling.is_some() || !acknowledged.is_empty() {
                             idle_position = Some(idle_position.map_or(position, |p| p.max(position)));
                         } else {
                             client.update_applied_lsn(position);
@@ -448,21 +468,23 @@ impl CdcRelay {
         })
     }
 
-    /// Marks the delivered rows, then confirms the batch's position.
-    async fn settle(&self, client: &ReplicationClient, delivered: Delivered) -> anyhow::Result<()> {
-        let ids: Vec<String> = delivered.records.iter().map(|r| r.id.clone()).collect();
-        self.source
-            .mark_published(&ids)
-            .await
-            .context("cannot mark published rows")?;
-        client.update_applied_lsn(delivered.end_lsn);
-        let settlement = Settlement {
-            published: ids,
-            failed: Vec::new(),
-        };
-        BatchObservation::new(&delivered.records, &settlement, delivered.sent_at).record();
-        tracing::debug!(published = delivered.records.len(), confirmed = %delivered.end_lsn, "batch confirmed");
-        Ok(())
+    /// Marks the delivered rows; returns the position to confirm.
+    fn settle(&self, delivered: Delivered) -> BoxFuture<'static, anyhow::Result<Lsn>> {
+        let source = self.source.clone();
+        Box::pin(async move {
+            let ids: Vec<String> = delivered.records.iter().map(|r| r.id.clone()).collect();
+            source
+                .mark_published(&ids)
+                .await
+                .context("cannot mark published rows")?;
+            let settlement = Settlement {
+                published: ids,
+                failed: Vec::new(),
+            };
+            BatchObservation::new(&delivered.records, &settlement, delivered.sent_at).record();
+            tracing::debug!(published = delivered.records.len(), confirmed = %delivered.end_lsn, "batch confirmed");
+            Ok(delivered.end_lsn)
+        })
     }
 }
 
