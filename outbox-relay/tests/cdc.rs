@@ -287,7 +287,7 @@ async fn a_killed_relay_resumes_without_loss() {
     let db = cdc.t.db.clone();
     let writer = tokio::spawn(async move {
         let mut ids = Vec::new();
-        for round in 0..200 {
+        for round in 0..300 {
             ids.extend(ids_of(
                 &append_events(&db, &format!("agg-{}", round % 10), 4).await,
             ));
