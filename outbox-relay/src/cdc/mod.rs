@@ -122,9 +122,9 @@ struct Undelivered(String);
 
 /// A batch whose every message the sink acknowledged.
 struct Delivered {
-    records: Vec<OutboxRecord>,
+    /// The event ids, to mark.
+    ids: Vec<String>,
     end_lsn: Lsn,
-    sent_at: Instant,
 }
 
 /// Batches of committed transactions read ahead of the one in flight.
@@ -449,10 +449,15 @@ impl CdcRelay {
                     }
                 }
                 let Some(first_error) = first_error else {
+                    // Recorded at the acknowledgement: marking is bookkeeping.
+                    let settlement = Settlement {
+                        published: records.iter().map(|r| r.id.clone()).collect(),
+                        failed: Vec::new(),
+                    };
+                    BatchObservation::new(&records, &settlement, sent_at).record();
                     return Ok(Delivered {
-                        records,
+                        ids: settlement.published,
                         end_lsn,
-                        sent_at,
                     });
                 };
                 let pause = backoff.next();
@@ -472,17 +477,11 @@ impl CdcRelay {
     fn settle(&self, delivered: Delivered) -> BoxFuture<'static, anyhow::Result<Lsn>> {
         let source = self.source.clone();
         Box::pin(async move {
-            let ids: Vec<String> = delivered.records.iter().map(|r| r.id.clone()).collect();
             source
-                .mark_published(&ids)
+                .mark_published(&delivered.ids)
                 .await
                 .context("cannot mark published rows")?;
-            let settlement = Settlement {
-                published: ids,
-                failed: Vec::new(),
-            };
-            BatchObservation::new(&delivered.records, &settlement, delivered.sent_at).record();
-            tracing::debug!(published = delivered.records.len(), confirmed = %delivered.end_lsn, "batch confirmed");
+            tracing::debug!(published = delivered.ids.len(), confirmed = %delivered.end_lsn, "batch confirmed");
             Ok(delivered.end_lsn)
         })
     }
