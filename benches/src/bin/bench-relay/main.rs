@@ -6,8 +6,9 @@
 //!   (the database's ceiling), then N more by the relay publishing to the
 //!   broker (end to end), for each batch size;
 //! - latency: writers commit events at a fixed rate while the relay runs
-//!   (woken by `LISTEN`/`NOTIFY`); a decorator around its sink timestamps
-//!   when each event is handed to the broker and acknowledged;
+//!   (woken by `LISTEN`/`NOTIFY`, or with `--without-notify` polling only);
+//!   a decorator around its sink timestamps when each event is handed to
+//!   the broker and acknowledged;
 //! - history: the throughput again with a million or more published rows in
 //!   the table, against an empty table.
 //!
@@ -90,6 +91,15 @@ struct Options {
     /// from an empty table, as right after the migration.
     #[arg(long, default_value_t = 100_000)]
     latency_history_rows: usize,
+    /// Drop the outbox's `NOTIFY` trigger before the latency part, so the
+    /// relay finds new rows by polling every `--poll-interval-ms` only (the
+    /// opt-out from the trigger's serialized commits).
+    #[arg(long)]
+    without_notify: bool,
+    /// The relay's longest wait between claims when it finds no full batch
+    /// (its `--poll-interval`), in the latency part.
+    #[arg(long, default_value_t = 500)]
+    poll_interval_ms: u64,
     /// The relay's batch size in the latency and history parts.
     #[arg(long, default_value_t = 500)]
     batch_size: usize,
@@ -312,10 +322,11 @@ impl Bench {
         ))
     }
 
-    fn relay_options(batch_size: usize, drain: bool) -> RelayOptions {
+    fn relay_options(batch_size: usize, drain: bool, poll_interval: Duration) -> RelayOptions {
         RelayOptions {
             batch_size,
             drain,
+            poll_interval,
             retention: None,
             ..RelayOptions::default()
         }
@@ -373,7 +384,7 @@ impl Bench {
             self.source.clone(),
             sink.clone(),
             Self::topics(),
-            Self::relay_options(batch_size, true),
+            Self::relay_options(batch_size, true, Duration::from_millis(500)),
         );
         let cpu = CpuTimes::now(&self.relay_backends().await?);
         let start = Instant::now();
@@ -511,12 +522,22 @@ impl Bench {
         .await
         .context("loading published history")?;
         load::vacuum(&self.pool).await?;
+        if options.without_notify {
+            sqlx::query("DROP TRIGGER IF EXISTS outbox_notify ON outbox")
+                .execute(&self.pool)
+                .await
+                .context("dropping the NOTIFY trigger")?;
+        }
         let sink = Arc::new(RecordingSink::new(self.kafka.clone()));
         let relay = Relay::new(
             self.source.clone(),
             sink.clone(),
             Self::topics(),
-            Self::relay_options(options.batch_size, false),
+            Self::relay_options(
+                options.batch_size,
+                false,
+                Duration::from_millis(options.poll_interval_ms),
+            ),
         );
         let (stop, shutdown) = Shutdown::manual();
         let relay = tokio::spawn(async move { relay.run(shutdown).await });
@@ -699,7 +720,8 @@ impl Results {
         if let Some(latency) = &self.latency {
             out.push_str(&format!(
                 "\n## Commit-to-ack latency: {} events/s for {} s ({} writers, {} event(s) per \
-                 transaction, relay batch {}, {} published rows in the table)\n\n\
+                 transaction, relay batch {}, {} published rows in the table, {}, poll interval \
+                 {} ms)\n\n\
                  achieved {} events/s, {} events measured, {} unacknowledged, {} relay batches \
                  of {:.1} events on average\n\n",
                 latency.target_rate,
@@ -708,6 +730,12 @@ impl Results {
                 options.events_per_transaction,
                 options.batch_size,
                 options.latency_history_rows,
+                if options.without_notify {
+                    "no NOTIFY trigger"
+                } else {
+                    "woken by NOTIFY"
+                },
+                options.poll_interval_ms,
                 report::rate(latency.achieved_rate),
                 latency.events,
                 latency.unacknowledged,
