@@ -279,6 +279,8 @@ async fn two_consumers_in_one_group_with_a_rebalance_apply_every_event_once() {
     )
     .await;
     let second_stats = stop(&mut second);
+    // Shown only when the test fails.
+    eprintln!("second consumer:\n{}", second.stderr().join("\n"));
     let left_at = p.effects().await;
     assert!(
         left_at < events - 20,

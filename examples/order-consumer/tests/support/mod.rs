@@ -157,7 +157,56 @@ impl Pipeline {
         timeout: Duration,
         consumers: &mut [&mut RelayProcess],
     ) -> i64 {
-        wait_for_effects_on(&self.consumer_db, expected, timeout, consumers).await
+        match poll_effects(&self.consumer_db, expected, timeout, consumers).await {
+            Ok(applied) => applied,
+            Err(failure) => panic!("{failure}\n{}", self.diagnosis().await),
+        }
+    }
+
+    /// What the pipeline holds, for a failure message: the outbox rows not
+    /// published, the orders whose effects are incomplete, and the topic.
+    pub async fn diagnosis(&self) -> String {
+        let pending = self
+            .producer
+            .count("outbox WHERE published_at IS NULL")
+            .await;
+        let incomplete: Vec<String> = self
+            .summary()
+            .await
+            .into_iter()
+            .filter(|order| i64::from(order.events_applied) != EVENTS_PER_ORDER)
+            .map(|order| format!("{order:?}"))
+            .collect();
+        let messages = kafka::consume(
+            &self.brokers,
+            &self.topic(),
+            usize::MAX,
+            Duration::from_secs(10),
+            Duration::from_secs(1),
+        );
+        let on_topic: Vec<String> = messages
+            .iter()
+            .filter(|message| {
+                incomplete
+                    .iter()
+                    .any(|order| order.contains(&format!("order_id: {},", key(message))))
+            })
+            .map(|message| {
+                format!(
+                    "{} seq {} {} (partition {})",
+                    key(message),
+                    message.header("aggregateSequence").unwrap_or("?"),
+                    message.header("eventType").unwrap_or("?"),
+                    message.partition
+                )
+            })
+            .collect();
+        format!(
+            "outbox rows not published: {pending}\norders with missing effects: {incomplete:#?}\n\
+             their messages on the topic ({} messages in all):\n{}",
+            messages.len(),
+            on_topic.join("\n")
+        )
     }
 
     /// The summary rows, by order id.
@@ -174,6 +223,10 @@ impl Pipeline {
         self.producer.drop().await;
         self.consumer_db.drop().await;
     }
+}
+
+fn key(message: &kafka::Consumed) -> &str {
+    message.key.as_deref().unwrap_or("?")
 }
 
 /// Effects applied on `db` so far.
@@ -198,6 +251,20 @@ pub async fn wait_for_effects_on(
     timeout: Duration,
     consumers: &mut [&mut RelayProcess],
 ) -> i64 {
+    poll_effects(db, expected, timeout, consumers)
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"))
+}
+
+/// Waits until `expected` effects were applied, then 2 s longer, and
+/// returns the count then; the failure, with the consumers' logs, when a
+/// consumer exits or `timeout` passes first.
+async fn poll_effects(
+    db: &TestDb,
+    expected: i64,
+    timeout: Duration,
+    consumers: &mut [&mut RelayProcess],
+) -> Result<i64, String> {
     let deadline = Instant::now() + timeout;
     loop {
         let applied = effects_on(db).await;
@@ -205,23 +272,24 @@ pub async fn wait_for_effects_on(
             break;
         }
         for consumer in consumers.iter_mut() {
-            assert!(
-                consumer.is_running(),
-                "a consumer exited early:\n{}",
-                consumer.stderr().join("\n")
-            );
+            if !consumer.is_running() {
+                return Err(format!(
+                    "a consumer exited early:\n{}",
+                    consumer.stderr().join("\n")
+                ));
+            }
         }
         if Instant::now() > deadline {
             let logs: Vec<String> = consumers.iter().map(|c| c.stderr().join("\n")).collect();
-            panic!(
+            return Err(format!(
                 "{applied} of {expected} effects after {timeout:?}; consumers:\n{}",
                 logs.join("\n---\n")
-            );
+            ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    effects_on(db).await
+    Ok(effects_on(db).await)
 }
 
 /// Appends one order's events (placed, lines, paid), each in a transaction
