@@ -3,7 +3,7 @@
 //! from a replication slot and publishes them to the Kafka-API broker.
 //!
 //! Each test uses a slot and a publication named after its own schema and
-//! drops both at the end; slots a crashed test left behind are dropped by
+//! drops both at the end; slots a failed test left behind are dropped by
 //! the next run once they are old, so they never exhaust the server's slots.
 
 use std::path::Path;
@@ -63,11 +63,14 @@ impl CdcDb {
             .and_then(|row| row.try_get_by_index::<Option<i64>>(0).expect("value"))
     }
 
-    /// The server process reading the slot, if any.
+    /// The server process streaming the slot to a relay, if any. (While
+    /// the slot is being created, it is active for the creating session,
+    /// which is not a reader.)
     async fn reader_pid(&self) -> Option<i64> {
         self.query_i64(&format!(
-            "SELECT active_pid::int8 FROM pg_replication_slots \
-             WHERE slot_name = '{}' AND active",
+            "SELECT s.active_pid::int8 FROM pg_replication_slots AS s \
+             JOIN pg_stat_activity AS a ON a.pid = s.active_pid \
+             WHERE s.slot_name = '{}' AND s.active AND a.backend_type = 'walsender'",
             self.name()
         ))
         .await
@@ -117,9 +120,9 @@ impl CdcDb {
     }
 }
 
-/// Drops inactive test slots (and their publications) older than ten
-/// minutes: the names are `outbox_t_<uuid v7>`, whose first 48 bits are
-/// the creation time in milliseconds.
+/// Drops inactive test slots (and their publications) older than three
+/// minutes, longer than any test runs: the names are `outbox_t_<uuid v7>`,
+/// whose first 48 bits are the creation time in milliseconds.
 async fn drop_stale_slots(db: &DatabaseConnection) {
     let rows = db
         .query_all_raw(Statement::from_string(
@@ -140,7 +143,7 @@ async fn drop_stale_slots(db: &DatabaseConnection) {
             .get(9..21)
             .and_then(|hex| u128::from_str_radix(hex, 16).ok())
             .unwrap_or(0);
-        if now_ms.saturating_sub(created_ms) > 10 * 60 * 1000 {
+        if now_ms.saturating_sub(created_ms) > 3 * 60 * 1000 {
             db.execute_unprepared(&format!(
                 "SELECT pg_drop_replication_slot('{name}') FROM pg_replication_slots \
                  WHERE slot_name = '{name}' AND NOT active"
@@ -647,6 +650,45 @@ async fn a_quiet_outbox_table_does_not_pin_wal() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(relay.stdout().is_empty(), "nothing to publish");
+    drop(relay);
+    cdc.drop().await;
+}
+
+/// The server ends the replication connection (as a restart or an
+/// administrator would): the relay reconnects and goes on from the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_replication_connection_is_reopened() {
+    let brokers = kafka::brokers();
+    let topics = kafka::topic_prefix("cdcreconnect");
+    let template = format!("{topics}.{{aggregatetype}}");
+    let cdc = CdcDb::new().await;
+    let relay = cdc.relay(&brokers, &["--topic-template", &template]);
+    let first = cdc.wait_reading(None, &relay).await;
+    let mut ids = ids_of(&append_events(&cdc.t.db, "agg-1", 3).await);
+    cdc.t
+        .db
+        .execute_unprepared(&format!("SELECT pg_terminate_backend({first})"))
+        .await
+        .unwrap();
+    ids.extend(ids_of(&append_events(&cdc.t.db, "agg-1", 3).await));
+    cdc.wait_reading(Some(first), &relay).await;
+    ids.extend(ids_of(&append_events(&cdc.t.db, "agg-1", 3).await));
+    let messages = kafka::consume(
+        &brokers,
+        &format!("{topics}.Invoice"),
+        ids.len(),
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+    );
+    check_stream(&messages, &ids);
+    assert!(
+        relay
+            .stderr()
+            .iter()
+            .any(|line| line.contains("replication stream failed; reconnecting")),
+        "{}",
+        relay.stderr().join("\n")
+    );
     drop(relay);
     cdc.drop().await;
 }

@@ -196,15 +196,16 @@ impl CdcRelay {
         );
         let mut backoff = Backoff::new(INITIAL_BACKOFF, self.options.max_backoff);
         let mut standing_by = false;
-        let mut started_once = false;
+        // Only a first connection that fails is fatal (bad URL, password,
+        // privileges); later failures are outages, retried.
+        let mut first_attempt = true;
         let outcome = loop {
             if shutdown.is_requested() {
                 break Ok(());
             }
-            let pause = match self
-                .session(&config, outbox_oid, &shutdown, &mut started_once)
-                .await
-            {
+            let end = self.session(&config, outbox_oid, &shutdown).await;
+            let broken = matches!(end, SessionEnd::Broken(_));
+            let pause = match end {
                 SessionEnd::Stopped => break Ok(()),
                 SessionEnd::SinkClosed(reason) => break Err(RelayError::SinkClosed(reason).into()),
                 SessionEnd::SlotInUse => {
@@ -218,15 +219,20 @@ impl CdcRelay {
                     metrics::record_cdc_reading(false);
                     self.options.standby_retry
                 }
-                SessionEnd::NotStarted(error) if !started_once => break Err(error),
+                SessionEnd::NotStarted(error) if first_attempt => break Err(error),
                 SessionEnd::NotStarted(error) | SessionEnd::Broken(error) => {
                     standing_by = false;
                     metrics::record_cdc_reading(false);
+                    if broken {
+                        // It had been reading: this failure is a fresh one.
+                        backoff.reset();
+                    }
                     let pause = backoff.next();
                     tracing::error!(error = %format!("{error:#}"), retry_in = ?pause, "replication stream failed; reconnecting");
                     pause
                 }
             };
+            first_attempt = false;
             tokio::select! {
                 () = shutdown.requested() => {}
                 () = tokio::time::sleep(pause) => {}
@@ -250,7 +256,6 @@ impl CdcRelay {
         config: &ReplicationConfig,
         outbox_oid: u32,
         shutdown: &Shutdown,
-        started_once: &mut bool,
     ) -> SessionEnd {
         let mut client = match ReplicationClient::connect(config.clone()).await {
             Ok(client) => client,
@@ -263,7 +268,6 @@ impl CdcRelay {
             }
             return SessionEnd::NotStarted(replication_error(error));
         }
-        *started_once = true;
         metrics::record_cdc_reading(true);
         tracing::info!(slot = %config.slot, "reading the replication slot");
         let end = self
