@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use outbox_core::OutboxEvent;
 use outbox_tests::events::InvoiceIssuedV2;
+use outbox_tests::http::{get, sample};
 use outbox_tests::kafka::{self, Consumed, PrivateBroker};
 use outbox_tests::process::{RelayProcess, run_to_end};
 use outbox_tests::stream::{append_events, check_stream};
@@ -542,13 +543,42 @@ async fn publishing_resumes_after_a_broker_outage() {
     cdc.drop().await;
 }
 
-/// `status` reports the slot; `cdc drop-slot` refuses a slot in use and
-/// drops a free one; CDC mode on another database is refused in one line.
+/// `status` and the metrics report the slot; `cdc drop-slot` refuses a
+/// slot in use and drops a free one; CDC mode on another database is
+/// refused in one line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn status_and_slot_cleanup() {
+async fn status_metrics_and_slot_cleanup() {
     let cdc = CdcDb::new().await;
-    let mut relay = cdc.relay("127.0.0.1:1", &["--sink", "stdout"]);
+    let addr = format!("127.0.0.1:{}", kafka::free_port());
+    let mut relay = cdc.relay(
+        "127.0.0.1:1",
+        &[
+            "--sink",
+            "stdout",
+            "--metrics-addr",
+            &addr,
+            "--metrics-interval",
+            "200ms",
+        ],
+    );
     cdc.wait_reading(None, &relay).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = get(&addr, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        if sample(&metrics, "outbox_cdc_reading") == Some(1.0)
+            && sample(&metrics, "outbox_cdc_slot_retained_wal_bytes").is_some()
+            && sample(&metrics, "outbox_cdc_slot_behind_bytes").is_some()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot metrics appear: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let env = [("DATABASE_URL", cdc.t.url.as_str())];
     let (code, stdout, stderr) = run_to_end(
         Path::new(RELAY),

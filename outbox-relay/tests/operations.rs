@@ -1,13 +1,12 @@
 //! What an operator sees: the metrics endpoint during a real run, readiness
 //! following the broker, `status` as a check, and no password anywhere.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use outbox_core::OutboxEvent;
 use outbox_tests::events::InvoiceIssuedV2;
+use outbox_tests::http::{get, sample};
 use outbox_tests::kafka::{self, PrivateBroker, free_port};
 use outbox_tests::process::{RelayProcess, run_to_end};
 use outbox_tests::stream::{append_events, seed};
@@ -15,34 +14,6 @@ use outbox_tests::{Backend, TestDb};
 use sea_orm::{ConnectionTrait, TransactionTrait};
 
 const RELAY: &str = env!("CARGO_BIN_EXE_outbox-relay");
-
-/// `GET path` on `addr`; returns the status code and the body.
-fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let code = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())?;
-    Some((code, body))
-}
-
-/// The value of the sample whose name and labels start with `series`.
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .find(|line| line.starts_with(series))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-}
 
 async fn wait_for_metrics(addr: &str, what: &str, check: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -10,6 +10,7 @@
 pub mod db;
 pub mod entities;
 pub mod events;
+pub mod http;
 pub mod kafka;
 pub mod process;
 pub mod stream;
