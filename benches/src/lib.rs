@@ -6,9 +6,11 @@
 //!   (an order insert through SeaORM with 0, 1 and 10 events);
 //! - `bench-relay`: the relay's throughput against the database's own
 //!   claim-and-mark ceiling, its commit-to-ack latency at a fixed rate, and
-//!   its throughput with a long history of published rows.
+//!   its throughput with a long history of published rows;
+//! - `bench-cdc`: CDC mode (reading the write-ahead log) beside polling
+//!   mode on the same load: backlog throughput and commit-to-ack latency.
 //!
-//! This library holds what both binaries share: the benchmark's order
+//! This library holds what the binaries share: the benchmark's order
 //! entity ([`order`]), latency statistics ([`stats`]), CPU accounting
 //! ([`cpu`]) and report printing ([`report`]).
 
