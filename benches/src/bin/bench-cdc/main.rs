@@ -54,6 +54,7 @@ use sea_orm::{DatabaseConnection, TransactionTrait};
 use serde::Serialize;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinSet;
 
 use load::Backlog;
@@ -967,13 +968,12 @@ async fn main() -> anyhow::Result<()> {
         replication.clone(),
         machine,
     ));
+    let mut interrupt = signal(SignalKind::interrupt()).context("handling SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("handling SIGTERM")?;
     let outcome = tokio::select! {
         joined = &mut body => joined.unwrap_or_else(|error| Err(anyhow::anyhow!("the run panicked: {error}"))),
-        _ = tokio::signal::ctrl_c() => {
-            body.abort();
-            let _ = body.await;
-            Err(anyhow::anyhow!("interrupted"))
-        }
+        _ = interrupt.recv() => stop_run(body).await,
+        _ = terminate.recv() => stop_run(body).await,
     };
     let dropped = replication.drop(&Backend::Postgres.admin_url()).await;
     if let Err(error) = &dropped {
@@ -985,6 +985,16 @@ async fn main() -> anyhow::Result<()> {
     let results = outcome?;
     dropped?;
     report::emit(options.json, &results.render(), &results)
+}
+
+/// Stops the run after a signal; the cleanup follows.
+async fn stop_run(
+    body: tokio::task::JoinHandle<anyhow::Result<Results>>,
+) -> anyhow::Result<Results> {
+    progress!("interrupted: stopping, then dropping the slot, the publication and the schema");
+    body.abort();
+    let _ = body.await;
+    Err(anyhow::anyhow!("interrupted"))
 }
 
 async fn run(
