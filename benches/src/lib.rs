@@ -12,9 +12,11 @@
 //!
 //! This library holds what the binaries share: the benchmark's order
 //! entity ([`order`]), latency statistics ([`stats`]), CPU accounting
-//! ([`cpu`]) and report printing ([`report`]).
+//! ([`cpu`]), report printing ([`report`]) and the recording sinks
+//! ([`recording`]).
 
 pub mod cpu;
 pub mod order;
+pub mod recording;
 pub mod report;
 pub mod stats;

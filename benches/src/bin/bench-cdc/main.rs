@@ -24,10 +24,8 @@
 //! `scripts/kafka.sh start`).
 
 mod load;
-mod recording;
 mod replication;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -58,7 +56,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinSet;
 
 use load::Backlog;
-use recording::{Call, Recorded, RecordingSink};
+use outbox_bench::recording::{Call, Commit, CommitToAck, Recorded, RecordingSink};
 use replication::Replication;
 
 /// Measures CDC mode beside polling mode: backlog throughput and
@@ -657,69 +655,23 @@ impl Bench {
         stop.trigger();
         relay.stopped().await.context("the relay failed")?;
 
-        let Recorded { acks, calls } = sink.take();
-        let acks: HashMap<&str, &recording::Ack> =
-            acks.iter().map(|ack| (ack.id.as_str(), ack)).collect();
-        let measured: Vec<&Commit> = commits.iter().filter(|commit| commit.n >= warmup).collect();
         let window_start = start.into_std() + period * warmup as u32;
-        let last_commit = measured.iter().map(|commit| commit.committed).max();
-        let mut commit_to_ack = Vec::new();
-        let mut commit_to_handover = Vec::new();
-        let mut handover_to_ack = Vec::new();
-        let mut commit_lag = Vec::new();
-        let mut acked_early = 0;
-        let mut events = 0;
-        for commit in &measured {
-            commit_lag.push(commit.committed.saturating_duration_since(commit.due));
-            events += commit.ids.len();
-            for id in &commit.ids {
-                let Some(ack) = acks.get(id.as_str()) else {
-                    continue;
-                };
-                if ack.acknowledged < commit.committed {
-                    acked_early += 1;
-                }
-                commit_to_ack.push(ack.acknowledged.saturating_duration_since(commit.committed));
-                commit_to_handover
-                    .push(ack.handed_over.saturating_duration_since(commit.committed));
-                handover_to_ack.push(ack.acknowledged - ack.handed_over);
-            }
-        }
-        let sink_calls: Vec<_> = calls
-            .into_iter()
-            .filter(|call| call.started >= window_start && call.messages > 0)
-            .collect();
-        let batches = sink_calls.len();
-        let mean_batch_size = if batches == 0 {
-            0.0
-        } else {
-            sink_calls.iter().map(|call| call.messages).sum::<usize>() as f64 / batches as f64
-        };
+        let measured = CommitToAck::measure(&commits, sink.take(), warmup, window_start);
         Ok(LatencyResult {
             mode,
-            achieved_rate: last_commit.map_or(0.0, |last| {
-                stats::per_second(events, last.saturating_duration_since(window_start))
-            }),
-            events,
-            unacknowledged: events - commit_to_ack.len(),
-            commit_to_ack: LatencySummary::of(&mut commit_to_ack),
-            commit_to_handover: LatencySummary::of(&mut commit_to_handover),
-            handover_to_ack: LatencySummary::of(&mut handover_to_ack),
-            commit_lag: LatencySummary::of(&mut commit_lag),
-            batches,
-            mean_batch_size,
-            acked_before_commit_returned: acked_early,
+            achieved_rate: measured.achieved_rate,
+            events: measured.events,
+            unacknowledged: measured.unacknowledged,
+            commit_to_ack: measured.commit_to_ack,
+            commit_to_handover: measured.commit_to_handover,
+            handover_to_ack: measured.handover_to_ack,
+            commit_lag: measured.commit_lag,
+            batches: measured.batches,
+            mean_batch_size: measured.mean_batch_size,
+            acked_before_commit_returned: measured.acked_before_commit_returned,
             cpu_per_thousand_events: cpu,
         })
     }
-}
-
-/// One committed transaction of the latency part.
-struct Commit {
-    n: usize,
-    ids: Vec<String>,
-    due: Instant,
-    committed: Instant,
 }
 
 impl Results {
