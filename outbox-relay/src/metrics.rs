@@ -2,6 +2,7 @@
 //! and the functions that record them. Recording is a no-op unless
 //! `--metrics-addr` installed the exporter.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
@@ -101,17 +102,19 @@ enum RowOutcome {
 impl BatchObservation {
     /// Notes each row's aggregate type, age and fate.
     pub fn new(records: &[OutboxRecord], settlement: &Settlement, claimed_at: Instant) -> Self {
+        let published: HashSet<&str> = settlement.published.iter().map(String::as_str).collect();
+        let failed: HashMap<&str, bool> = settlement
+            .failed
+            .iter()
+            .map(|row| (row.id.as_str(), row.dead_letter))
+            .collect();
         let rows = records
             .iter()
             .map(|record| {
-                let outcome = if settlement.published.contains(&record.id) {
+                let outcome = if published.contains(record.id.as_str()) {
                     RowOutcome::Published
-                } else if let Some(failed) =
-                    settlement.failed.iter().find(|row| row.id == record.id)
-                {
-                    RowOutcome::Failed {
-                        dead_letter: failed.dead_letter,
-                    }
+                } else if let Some(&dead_letter) = failed.get(record.id.as_str()) {
+                    RowOutcome::Failed { dead_letter }
                 } else {
                     RowOutcome::Untouched
                 };
@@ -133,20 +136,29 @@ impl BatchObservation {
     pub fn record(self) {
         histogram!(BATCH_SIZE).record(self.size as f64);
         let since_claim = self.claimed_at.elapsed().as_secs_f64();
+        let commit_to_ack = histogram!(COMMIT_TO_ACK);
+        // Counted per aggregate type first: one counter update per type and
+        // outcome, not per row.
+        let mut counts: HashMap<(String, &'static str), u64> = HashMap::new();
         for (aggregate_type, age, outcome) in self.rows {
             match outcome {
                 RowOutcome::Published => {
-                    counter!(PUBLISHED, "aggregate_type" => aggregate_type).increment(1);
-                    histogram!(COMMIT_TO_ACK).record(age + since_claim);
+                    commit_to_ack.record(age + since_claim);
+                    *counts.entry((aggregate_type, PUBLISHED)).or_default() += 1;
                 }
                 RowOutcome::Failed { dead_letter } => {
-                    counter!(FAILED, "aggregate_type" => aggregate_type.clone()).increment(1);
                     if dead_letter {
-                        counter!(DEAD_LETTERED, "aggregate_type" => aggregate_type).increment(1);
+                        *counts
+                            .entry((aggregate_type.clone(), DEAD_LETTERED))
+                            .or_default() += 1;
                     }
+                    *counts.entry((aggregate_type, FAILED)).or_default() += 1;
                 }
                 RowOutcome::Untouched => {}
             }
+        }
+        for ((aggregate_type, name), count) in counts {
+            counter!(name, "aggregate_type" => aggregate_type).increment(count);
         }
     }
 }

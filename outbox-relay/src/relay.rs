@@ -22,7 +22,7 @@ use crate::record::OutboxRecord;
 use crate::shutdown::Shutdown;
 use crate::sink::{FailureKind, SendError, Sink};
 
-use crate::source::{AggregateKey, FailedRow, Settlement, Source, SourceError};
+use crate::source::{AggregateKey, Claim, FailedRow, Settlement, Source, SourceError};
 
 /// How the relay runs.
 #[derive(Debug, Clone)]
@@ -147,6 +147,14 @@ impl Relay {
 
     /// Publishes until `shutdown` is requested (or, with `drain`, until no
     /// row is pending), then flushes the sink. Fails when the sink closed.
+    ///
+    /// Where the source can hold two claims at once (PostgreSQL), the
+    /// database work overlaps the broker's: while a full batch is at the
+    /// sink, the previous batch's settle commits and the next batch is
+    /// claimed, leaving out the rows in flight. A batch claimed ahead is sent
+    /// only once the sink acknowledged every row before it; otherwise it is
+    /// released and claimed again after the settle, so an aggregate's events
+    /// never overtake one another.
     pub async fn run(&self, shutdown: Shutdown) -> Result<(), RelayError> {
         let cleanup = self.options.retention.clone().map(|retention| {
             tokio::spawn(run_retention(
@@ -157,51 +165,128 @@ impl Relay {
         });
         let mut backoff = Backoff::new(INITIAL_BACKOFF, self.options.max_backoff);
         let mut outcome = Ok(());
+        // The batch the sink answered last, until its settle commits.
+        let mut answered: Option<Answered> = None;
+        // The batch claimed while `answered` was at the sink.
+        let mut ahead: Option<Claimed> = None;
+        let mut next = Next::Claim;
         while !shutdown.is_requested() {
-            let pause = match self.publish_batch().await {
-                Ok(BatchReport {
-                    sink_closed: Some(reason),
-                    ..
-                }) => {
-                    outcome = Err(RelayError::SinkClosed(reason));
-                    break;
-                }
-                Ok(report) if report.claimed == 0 => {
-                    // Other instances' shards (or shards whose dead owner's
-                    // lease has not expired yet) may still hold rows.
-                    if self.options.drain && self.nothing_pending().await {
+            let batch = match ahead.take() {
+                Some(batch) => batch,
+                None => {
+                    // The last batch settles while the loop waits.
+                    let previous = answered.take();
+                    let settled = async {
+                        match previous {
+                            Some(previous) => self.commit(previous).await.map(drop),
+                            None => Ok(()),
+                        }
+                    };
+                    let (settled, ()) = tokio::join!(settled, self.pause(next, &shutdown));
+                    if let Err(error) = settled {
+                        next = Next::Sleep(database_failed(&mut backoff, &error));
+                        continue;
+                    }
+                    if shutdown.is_requested() {
                         break;
                     }
-                    backoff.reset();
-                    None
-                }
-                // Nothing got through: an outage, not a poison message.
-                Ok(report) if report.failed > 0 && report.published == 0 => Some(backoff.next()),
-                Ok(report) => {
-                    backoff.reset();
-                    if report.claimed == self.options.batch_size {
+                    let batch = match self.claim().await {
+                        Ok(batch) => batch,
+                        Err(error) => {
+                            next = Next::Sleep(database_failed(&mut backoff, &error));
+                            continue;
+                        }
+                    };
+                    if batch.claim.records().is_empty() {
+                        if let Err(error) = batch.claim.settle(&Settlement::default()).await {
+                            next = Next::Sleep(database_failed(&mut backoff, &error));
+                            continue;
+                        }
+                        // Other instances' shards (or shards whose dead
+                        // owner's lease has not expired yet) may still hold
+                        // rows.
+                        if self.options.drain && self.nothing_pending().await {
+                            break;
+                        }
+                        backoff.reset();
+                        next = Next::WaitForRows;
                         continue;
                     }
-                    if self.options.drain {
-                        continue;
-                    }
-                    None
-                }
-                Err(error) => {
-                    let pause = backoff.next();
-                    tracing::error!(%error, retry_in = ?pause, "cannot claim or mark outbox rows");
-                    Some(pause)
+                    batch
                 }
             };
-            tokio::select! {
-                () = shutdown.requested() => {}
-                () = async {
-                    match pause {
-                        Some(pause) => tokio::time::sleep(pause).await,
-                        None => self.source.wait_for_rows(self.options.poll_interval).await,
-                    }
-                } => {}
+
+            // A full batch suggests more rows: claim the next one while this
+            // one is at the sink, once the previous batch has settled.
+            let in_flight: Vec<i64> = if batch.claim.records().len() == self.options.batch_size {
+                batch
+                    .claim
+                    .records()
+                    .iter()
+                    .map(|record| record.seq)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let previous = answered.take();
+            let database = async {
+                let settled = match previous {
+                    Some(previous) => self.commit(previous).await.map(drop),
+                    None => Ok(()),
+                };
+                let ahead = match &settled {
+                    Ok(()) if !in_flight.is_empty() => self.claim_ahead(&in_flight).await,
+                    _ => Ok(None),
+                };
+                (settled, ahead)
+            };
+            let (sent, (settled, claimed_ahead)) = tokio::join!(self.send(batch), database);
+            if let Err(error) = settled {
+                // Both batches stay pending, so no aggregate has a later
+                // event marked while an earlier one is not.
+                next = Next::Sleep(database_failed(&mut backoff, &error));
+                continue;
             }
+            let claimed_ahead = claimed_ahead.unwrap_or_else(|error| {
+                tracing::warn!(%error, "cannot claim the next batch ahead; claiming after the settle");
+                None
+            });
+            let sent = match sent {
+                Sent::Answered(sent) => sent,
+                Sent::Abandoned => {
+                    next = Next::Claim;
+                    continue;
+                }
+            };
+            let report = &sent.report;
+            if let Some(reason) = report.sink_closed.clone() {
+                if let Err(error) = self.commit(sent).await {
+                    tracing::error!(%error, "cannot mark the acknowledged rows; they stay pending");
+                }
+                outcome = Err(RelayError::SinkClosed(reason));
+                break;
+            }
+            next = if report.failed > 0 && report.published == 0 {
+                // Nothing got through: an outage, not a poison message.
+                Next::Sleep(backoff.next())
+            } else {
+                backoff.reset();
+                if report.claimed == self.options.batch_size || self.options.drain {
+                    Next::Claim
+                } else {
+                    Next::WaitForRows
+                }
+            };
+            if report.published == report.claimed {
+                ahead = claimed_ahead;
+            }
+            answered = Some(sent);
+        }
+        drop(ahead);
+        if let Some(answered) = answered
+            && let Err(error) = self.commit(answered).await
+        {
+            tracing::error!(%error, "cannot mark the last acknowledged rows; they stay pending");
         }
         self.sink.flush(self.options.shutdown_timeout).await;
         if let Some(cleanup) = cleanup {
@@ -214,6 +299,21 @@ impl Relay {
             "relay stopped"
         );
         outcome
+    }
+
+    /// Waits as `next` says, or until shutdown is requested.
+    async fn pause(&self, next: Next, shutdown: &Shutdown) {
+        let wait = async {
+            match next {
+                Next::Claim => {}
+                Next::WaitForRows => self.source.wait_for_rows(self.options.poll_interval).await,
+                Next::Sleep(pause) => tokio::time::sleep(pause).await,
+            }
+        };
+        tokio::select! {
+            () = shutdown.requested() => {}
+            () = wait => {}
+        }
     }
 
     /// Whether no row is pending in the whole table (dead letters aside).
@@ -230,31 +330,65 @@ impl Relay {
     /// One cycle: claims a batch (leaving out cooling-down aggregates),
     /// publishes it and settles it.
     pub async fn publish_batch(&self) -> Result<BatchReport, SourceError> {
-        let excluded = self
-            .cooldown
-            .lock()
-            .expect("cooldown lock")
-            .cooling(Instant::now());
+        let batch = self.claim().await?;
+        let claimed = batch.claim.records().len();
+        if claimed == 0 {
+            batch.claim.settle(&Settlement::default()).await?;
+            return Ok(BatchReport::default());
+        }
+        match self.send(batch).await {
+            Sent::Answered(answered) => self.commit(answered).await,
+            Sent::Abandoned => Ok(BatchReport {
+                claimed,
+                ..BatchReport::default()
+            }),
+        }
+    }
+
+    /// Claims a batch, leaving out cooling-down aggregates.
+    async fn claim(&self) -> Result<Claimed, SourceError> {
+        let excluded = self.cooling();
         let claimed_at = Instant::now();
         let claim = self
             .source
             .claim(self.options.batch_size, &excluded)
             .await?;
+        Ok(Claimed { claim, claimed_at })
+    }
+
+    /// Claims the next batch while the rows `in_flight` are at the sink;
+    /// `None` when the source cannot, or finds nothing.
+    async fn claim_ahead(&self, in_flight: &[i64]) -> Result<Option<Claimed>, SourceError> {
+        let excluded = self.cooling();
+        let claimed_at = Instant::now();
+        let claim = self
+            .source
+            .claim_ahead(self.options.batch_size, &excluded, in_flight)
+            .await?;
+        Ok(claim
+            .filter(|claim| !claim.records().is_empty())
+            .map(|claim| Claimed { claim, claimed_at }))
+    }
+
+    /// The aggregates cooling down now.
+    fn cooling(&self) -> Vec<AggregateKey> {
+        self.cooldown
+            .lock()
+            .expect("cooldown lock")
+            .cooling(Instant::now())
+    }
+
+    /// Publishes a claimed batch and decides each row's fate.
+    async fn send(&self, batch: Claimed) -> Sent {
+        let Claimed { claim, claimed_at } = batch;
         let records = claim.records();
-        if records.is_empty() {
-            claim.settle(&Settlement::default()).await?;
-            return Ok(BatchReport::default());
-        }
         if !claim.lease_valid() {
             tracing::warn!(
                 claimed = records.len(),
                 "the shard lease ran out before publishing (was the relay paused?); \
                  abandoning the batch to the shards' next owner"
             );
-            return Ok(BatchReport {
-                claimed: records.len(),
-                ..BatchReport::default()
-            });
+            return Sent::Abandoned;
         }
         let messages: Vec<Message> = records
             .iter()
@@ -292,6 +426,23 @@ impl Relay {
             .expect("cooldown lock")
             .record(records, &settlement, Instant::now());
         let observation = BatchObservation::new(records, &settlement, claimed_at);
+        Sent::Answered(Answered {
+            claim,
+            settlement,
+            observation,
+            report,
+        })
+    }
+
+    /// Settles a batch the sink answered: marks its published rows and
+    /// records its failures in one commit.
+    async fn commit(&self, answered: Answered) -> Result<BatchReport, SourceError> {
+        let Answered {
+            claim,
+            settlement,
+            observation,
+            report,
+        } = answered;
         claim.settle(&settlement).await?;
         observation.record();
         self.stats
@@ -306,6 +457,46 @@ impl Relay {
         tracing::debug!(?report, "batch settled");
         Ok(report)
     }
+}
+
+/// A claimed batch, not sent yet.
+struct Claimed {
+    claim: Box<dyn Claim>,
+    claimed_at: Instant,
+}
+
+/// What sending a batch came to.
+enum Sent {
+    /// The sink answered every row.
+    Answered(Answered),
+    /// The shard lease ran out: nothing was sent, the claim is released.
+    Abandoned,
+}
+
+/// A batch the sink answered, waiting for its settle.
+struct Answered {
+    claim: Box<dyn Claim>,
+    settlement: Settlement,
+    observation: BatchObservation,
+    report: BatchReport,
+}
+
+/// What the loop does before its next claim.
+#[derive(Debug, Clone, Copy)]
+enum Next {
+    /// Claim at once: the last batch was full.
+    Claim,
+    /// Wait for new rows, at most the poll interval.
+    WaitForRows,
+    /// Pause after a failure.
+    Sleep(Duration),
+}
+
+/// Logs a failed claim or settle and returns the pause before the next try.
+fn database_failed(backoff: &mut Backoff, error: &SourceError) -> Duration {
+    let pause = backoff.next();
+    tracing::error!(%error, retry_in = ?pause, "cannot claim or mark outbox rows");
+    pause
 }
 
 /// Decides the fate of each claimed row from the sink's outcomes.

@@ -5,14 +5,21 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use async_trait::async_trait;
+
 use outbox_relay::message::TopicTemplate;
+use outbox_relay::message::{HEADER_ID, Message};
 use outbox_relay::relay::{Relay, RelayOptions};
 use outbox_relay::shutdown::Shutdown;
-use outbox_relay::sink::Sink;
 use outbox_relay::sink::kafka::{KafkaOptions, KafkaSink};
-use outbox_relay::source::{self, Settlement, SourceOptions};
+use outbox_relay::sink::{SendError, Sink};
+use outbox_relay::source::shards::ShardConfig;
+use outbox_relay::source::{
+    self, AggregateKey, Backlog, Claim, Settlement, Source, SourceError, SourceOptions, Status,
+};
 use outbox_tests::kafka;
 use outbox_tests::stream::{append_events, check_stream, seed};
 use outbox_tests::{Backend, TestDb};
@@ -235,6 +242,179 @@ async fn injected_broker_errors_mid_batch_keep_per_aggregate_order() {
         report.duplicates
     );
     t.drop().await;
+}
+
+/// A sink that refuses one event a few times (as a broker refusing a
+/// produce request would: the aggregate's later messages of the batch are
+/// held back, not sent) and passes everything else to the real broker.
+struct RefuseEvent {
+    inner: Arc<dyn Sink>,
+    id: String,
+    refusals_left: AtomicUsize,
+}
+
+#[async_trait]
+impl Sink for RefuseEvent {
+    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+        let mut outcomes: Vec<Option<Result<(), SendError>>> = vec![None; messages.len()];
+        let mut refused_key = None;
+        let mut forwarded = Vec::new();
+        for (index, message) in messages.iter().enumerate() {
+            let id = message.headers.iter().find(|(name, _)| *name == HEADER_ID);
+            if refused_key.as_ref() == Some(&message.key) {
+                outcomes[index] = Some(Err(SendError::held_back()));
+            } else if id.is_some_and(|(_, id)| *id == self.id)
+                && self
+                    .refusals_left
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                        left.checked_sub(1)
+                    })
+                    .is_ok()
+            {
+                refused_key = Some(message.key.clone());
+                outcomes[index] = Some(Err(SendError::transient("injected refusal")));
+            } else {
+                forwarded.push(index);
+            }
+        }
+        let sent: Vec<Message> = forwarded.iter().map(|&i| messages[i].clone()).collect();
+        for (index, outcome) in forwarded.into_iter().zip(self.inner.publish(&sent).await) {
+            outcomes[index] = Some(outcome);
+        }
+        outcomes.into_iter().map(Option::unwrap).collect()
+    }
+
+    async fn flush(&self, timeout: Duration) {
+        self.inner.flush(timeout).await;
+    }
+}
+
+/// The PostgreSQL source, counting the batches claimed ahead.
+struct CountClaimsAhead {
+    inner: Box<dyn Source>,
+    ahead: AtomicUsize,
+}
+
+#[async_trait]
+impl Source for CountClaimsAhead {
+    async fn check_table(&self) -> Result<(), SourceError> {
+        self.inner.check_table().await
+    }
+
+    async fn claim(
+        &self,
+        limit: usize,
+        excluded: &[AggregateKey],
+    ) -> Result<Box<dyn Claim>, SourceError> {
+        self.inner.claim(limit, excluded).await
+    }
+
+    async fn claim_ahead(
+        &self,
+        limit: usize,
+        excluded: &[AggregateKey],
+        in_flight: &[i64],
+    ) -> Result<Option<Box<dyn Claim>>, SourceError> {
+        let claim = self.inner.claim_ahead(limit, excluded, in_flight).await?;
+        if claim
+            .as_ref()
+            .is_some_and(|claim| !claim.records().is_empty())
+        {
+            self.ahead.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(claim)
+    }
+
+    async fn wait_for_rows(&self, timeout: Duration) {
+        self.inner.wait_for_rows(timeout).await;
+    }
+
+    async fn delete_published(&self, older_than: Duration, limit: u64) -> Result<u64, SourceError> {
+        self.inner.delete_published(older_than, limit).await
+    }
+
+    async fn backlog(&self) -> Result<Backlog, SourceError> {
+        self.inner.backlog().await
+    }
+
+    async fn status(&self) -> Result<Status, SourceError> {
+        self.inner.status().await
+    }
+
+    async fn redrive(
+        &self,
+        ids: &[String],
+        aggregate_type: Option<&str>,
+        limit: u64,
+    ) -> Result<u64, SourceError> {
+        self.inner.redrive(ids, aggregate_type, limit).await
+    }
+}
+
+/// While a full batch is at the broker the relay claims the next one; when
+/// an event of the batch at the broker is refused, the batch claimed ahead
+/// (which holds that aggregate's later events) must not be sent before it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_claimed_ahead_never_overtakes_a_refused_event() {
+    for sharded in [false, true] {
+        let brokers = kafka::brokers();
+        let topics = kafka::topic_prefix("ahead");
+        let t = TestDb::new(Backend::Postgres).await;
+        // 4 aggregates, 5 events each in turn: every batch of 20 holds 5
+        // consecutive events of every aggregate.
+        let ids = seed(&t.db, 4, 60, 5).await;
+        // agg-1's 18th event: in the fourth batch, with later ones of agg-1
+        // in the batch claimed ahead.
+        let refused = ids[3 * 20 + 5 + 2].clone();
+
+        let options = SourceOptions {
+            shards: sharded.then(|| ShardConfig {
+                count: 4,
+                lease: Duration::from_secs(10),
+                instance: "ahead-test".into(),
+                batch_timeout: Duration::from_secs(20),
+            }),
+            ..SourceOptions::default()
+        };
+        let source = Arc::new(CountClaimsAhead {
+            inner: source::connect(&t.url, options).await.unwrap(),
+            ahead: AtomicUsize::new(0),
+        });
+        let sink = Arc::new(RefuseEvent {
+            inner: kafka_sink(&brokers).await,
+            id: refused,
+            refusals_left: AtomicUsize::new(2),
+        });
+        let relay = Relay::new(
+            source.clone(),
+            sink,
+            TopicTemplate::new(format!("{topics}.{{aggregatetype}}")),
+            RelayOptions {
+                batch_size: 20,
+                ..relay_options()
+            },
+        );
+        let (_trigger, shutdown) = Shutdown::manual();
+        relay.run(shutdown).await.expect("relay run");
+        source.inner.close().await;
+        assert_eq!(t.count("outbox WHERE published_at IS NULL").await, 0);
+        assert!(
+            source.ahead.load(Ordering::SeqCst) >= 5,
+            "the relay claimed {} batches ahead (sharded: {sharded})",
+            source.ahead.load(Ordering::SeqCst)
+        );
+
+        let messages = kafka::consume(
+            &brokers,
+            &format!("{topics}.Invoice"),
+            ids.len(),
+            Duration::from_secs(30),
+            Duration::from_millis(300),
+        );
+        let report = check_stream(&messages, &ids);
+        assert_eq!(report.distinct, ids.len());
+        t.drop().await;
+    }
 }
 
 #[test]

@@ -99,6 +99,88 @@ impl PostgresSource {
         mark_published(&self.pool, ids, self.delete_on_publish).await
     }
 
+    /// Claims up to `limit` pending rows, leaving out the `excluded`
+    /// aggregates and the rows `in_flight` (by `seq`): those of this relay's
+    /// other open claim, which a plain `FOR UPDATE` would otherwise wait for.
+    /// The filter runs below the row locks, so left-out rows are not locked.
+    async fn claim_rows(
+        &self,
+        limit: usize,
+        excluded: &[AggregateKey],
+        in_flight: &[i64],
+    ) -> Result<Box<dyn Claim>, SourceError> {
+        let types: Vec<&str> = excluded
+            .iter()
+            .map(|key| key.aggregate_type.as_str())
+            .collect();
+        let ids: Vec<&str> = excluded
+            .iter()
+            .map(|key| key.aggregate_id.as_str())
+            .collect();
+        let mut txn = self.pool.begin().await?;
+        let (records, owned) = match &self.sharding {
+            None => {
+                let sql = format!(
+                    "{PENDING}{} ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED",
+                    not_in_flight(in_flight, 4)
+                );
+                let mut query = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql))
+                    .bind(limit as i64)
+                    .bind(&types)
+                    .bind(&ids);
+                if !in_flight.is_empty() {
+                    query = query.bind(in_flight);
+                }
+                let rows = query.fetch_all(&mut *txn).await?;
+                (rows, Vec::new())
+            }
+            Some(sharding) => {
+                // Transaction-local: a paused relay's claim ends after the
+                // batch timeout, and rows a previous owner still holds are
+                // waited for, not skipped, for at most a few seconds.
+                sqlx::query(
+                    "SELECT set_config('idle_in_transaction_session_timeout', $1, true), \
+                     set_config('lock_timeout', '5s', true)",
+                )
+                .bind(sharding.config.batch_timeout.as_millis().to_string())
+                .execute(&mut *txn)
+                .await?;
+                let owned = owned_shards(&mut txn, &sharding.config.instance, true).await?;
+                if owned.is_empty() {
+                    (Vec::new(), owned)
+                } else {
+                    let shards: Vec<i64> = owned.iter().map(|(shard, _)| *shard).collect();
+                    let sql = format!(
+                        "{PENDING} AND {SHARD_OF_ROW} = ANY($5::bigint[]){} \
+                         ORDER BY seq LIMIT $1 FOR UPDATE",
+                        not_in_flight(in_flight, 6)
+                    );
+                    let mut query = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql))
+                        .bind(limit as i64)
+                        .bind(&types)
+                        .bind(&ids)
+                        .bind(i64::from(sharding.config.count))
+                        .bind(&shards);
+                    if !in_flight.is_empty() {
+                        query = query.bind(in_flight);
+                    }
+                    let rows = query.fetch_all(&mut *txn).await?;
+                    (rows, owned)
+                }
+            }
+        };
+        Ok(Box::new(PostgresClaim {
+            txn,
+            records,
+            delete_on_publish: self.delete_on_publish,
+            fencing: self.sharding.as_ref().map(|sharding| Fencing {
+                instance: sharding.config.instance.clone(),
+                owned,
+                membership: sharding.membership.clone(),
+            }),
+        }))
+    }
+
     async fn listen(&self) -> Result<PgListener, sqlx::Error> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen(CHANNEL).await?;
@@ -120,67 +202,16 @@ impl Source for PostgresSource {
         limit: usize,
         excluded: &[AggregateKey],
     ) -> Result<Box<dyn Claim>, SourceError> {
-        let types: Vec<&str> = excluded
-            .iter()
-            .map(|key| key.aggregate_type.as_str())
-            .collect();
-        let ids: Vec<&str> = excluded
-            .iter()
-            .map(|key| key.aggregate_id.as_str())
-            .collect();
-        let mut txn = self.pool.begin().await?;
-        let (records, owned) = match &self.sharding {
-            None => {
-                let sql = format!("{PENDING} ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED");
-                let rows = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql))
-                    .bind(limit as i64)
-                    .bind(&types)
-                    .bind(&ids)
-                    .fetch_all(&mut *txn)
-                    .await?;
-                (rows, Vec::new())
-            }
-            Some(sharding) => {
-                // Transaction-local: a paused relay's claim ends after the
-                // batch timeout, and rows a previous owner still holds are
-                // waited for, not skipped, for at most a few seconds.
-                sqlx::query(
-                    "SELECT set_config('idle_in_transaction_session_timeout', $1, true), \
-                     set_config('lock_timeout', '5s', true)",
-                )
-                .bind(sharding.config.batch_timeout.as_millis().to_string())
-                .execute(&mut *txn)
-                .await?;
-                let owned = owned_shards(&mut txn, &sharding.config.instance, true).await?;
-                if owned.is_empty() {
-                    (Vec::new(), owned)
-                } else {
-                    let shards: Vec<i64> = owned.iter().map(|(shard, _)| *shard).collect();
-                    let sql = format!(
-                        "{PENDING} AND {SHARD_OF_ROW} = ANY($5::bigint[]) ORDER BY seq LIMIT $1 FOR UPDATE"
-                    );
-                    let rows = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql))
-                        .bind(limit as i64)
-                        .bind(&types)
-                        .bind(&ids)
-                        .bind(i64::from(sharding.config.count))
-                        .bind(&shards)
-                        .fetch_all(&mut *txn)
-                        .await?;
-                    (rows, owned)
-                }
-            }
-        };
-        Ok(Box::new(PostgresClaim {
-            txn,
-            records,
-            delete_on_publish: self.delete_on_publish,
-            fencing: self.sharding.as_ref().map(|sharding| Fencing {
-                instance: sharding.config.instance.clone(),
-                owned,
-                membership: sharding.membership.clone(),
-            }),
-        }))
+        self.claim_rows(limit, excluded, &[]).await
+    }
+
+    async fn claim_ahead(
+        &self,
+        limit: usize,
+        excluded: &[AggregateKey],
+        in_flight: &[i64],
+    ) -> Result<Option<Box<dyn Claim>>, SourceError> {
+        self.claim_rows(limit, excluded, in_flight).await.map(Some)
     }
 
     async fn wait_for_rows(&self, timeout: Duration) {
@@ -295,6 +326,21 @@ impl Source for PostgresSource {
             query = query.bind(aggregate_type);
         }
         Ok(query.execute(&self.pool).await?.rows_affected())
+    }
+}
+
+/// The filter leaving out rows of another open claim, bound as parameter
+/// `$n`; empty when there are none.
+fn not_in_flight(in_flight: &[i64], n: usize) -> String {
+    if in_flight.is_empty() {
+        String::new()
+    } else {
+        // An anti-join: a generic plan of `seq <> ALL($n)` compares every
+        // scanned row with every element.
+        format!(
+            " AND NOT EXISTS (SELECT 1 FROM unnest(${n}::bigint[]) AS in_flight(seq) \
+             WHERE in_flight.seq = outbox.seq)"
+        )
     }
 }
 

@@ -495,7 +495,7 @@ impl Bench {
             relay.stopped().await?;
             (cpu, wal_sender_cpu)
         } else {
-            // What `Relay::run` does with `--drain`, one batch after the other.
+            // `outbox-relay run --drain`.
             let source: Arc<dyn Source> = self.source.clone();
             let relay = Relay::new(
                 source,
@@ -508,17 +508,8 @@ impl Bench {
                     ..RelayOptions::default()
                 },
             );
-            loop {
-                let report = relay.publish_batch().await?;
-                if report.claimed == 0 {
-                    break;
-                }
-                anyhow::ensure!(
-                    report.failed == 0,
-                    "the broker refused {} sends while draining; the measurement is void",
-                    report.failed
-                );
-            }
+            let (_stop, shutdown) = Shutdown::manual();
+            relay.run(shutdown).await?;
             let cpu = CpuTimes::now(&self.relay_backends().await?).per_thousand_since(&cpu, events);
             (cpu, None)
         };

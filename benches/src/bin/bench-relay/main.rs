@@ -104,6 +104,16 @@ struct Options {
     /// Published rows in the table for the history part.
     #[arg(long, default_value_t = 1_000_000)]
     history_rows: usize,
+    /// Drain with one `Relay::publish_batch` after the other instead of
+    /// `Relay::run`: claim, send and settle in turn, with no overlap of the
+    /// database's work and the broker's (as the relay runs on MariaDB and
+    /// SQLite), for comparison.
+    #[arg(long)]
+    sequential: bool,
+    /// A librdkafka setting for the relay's producer, as the relay's own
+    /// `--kafka-option` (repeatable), such as `linger.ms=0`.
+    #[arg(long = "kafka-option", short = 'X', value_name = "KEY=VALUE", value_parser = key_value)]
+    kafka_options: Vec<(String, String)>,
     /// Partitions of the topics the relay creates.
     #[arg(long, default_value_t = 1)]
     topic_partitions: i32,
@@ -374,8 +384,9 @@ impl Bench {
         self.drain(self.kafka.clone(), batch_size).await
     }
 
-    /// Drains the pending rows through `sink`, one `publish_batch` after
-    /// the other as `Relay::run` does with `drain`, then flushes it.
+    /// Drains the pending rows through `sink` with `Relay::run` in drain
+    /// mode, as `outbox-relay run --drain` does (or with `--sequential`
+    /// one `publish_batch` after the other), then flushes it.
     async fn drain(&self, sink: Arc<dyn Sink>, batch_size: usize) -> anyhow::Result<Drain> {
         let sink = Arc::new(RecordingSink::new(sink));
         let relay = Relay::new(
@@ -384,20 +395,17 @@ impl Bench {
             Self::topics(),
             Self::relay_options(batch_size, true, Duration::from_millis(500)),
         );
+        let stats = relay.stats();
         let cpu = CpuTimes::now(&self.relay_backends().await?);
         let start = Instant::now();
-        let (mut events, mut failed) = (0, 0);
-        loop {
-            let report = relay.publish_batch().await?;
-            if report.claimed == 0 {
-                break;
-            }
-            events += report.published;
-            if report.failed > 0 {
-                failed += report.failed;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+        if self.options.sequential {
+            while relay.publish_batch().await?.claimed > 0 {}
+        } else {
+            let (_stop, shutdown) = Shutdown::manual();
+            relay.run(shutdown).await?;
         }
+        let events = stats.published.load(Ordering::Relaxed) as usize;
+        let failed = stats.failed.load(Ordering::Relaxed);
         sink.flush(Duration::from_secs(30)).await;
         let elapsed = start.elapsed();
         let cpu = CpuTimes::now(&self.relay_backends().await?).per_thousand_since(&cpu, events);
@@ -813,6 +821,7 @@ async fn main() -> anyhow::Result<()> {
         KafkaSink::connect(KafkaOptions {
             brokers,
             topic_partitions: options.topic_partitions,
+            client_options: options.kafka_options.clone(),
             ..KafkaOptions::default()
         })
         .await
@@ -873,4 +882,11 @@ async fn run(
     }
     bench.pool.close().await;
     Ok(results)
+}
+
+/// `KEY=VALUE`.
+fn key_value(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(key, value)| (key.trim().to_owned(), value.trim().to_owned()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))
 }
