@@ -2,12 +2,14 @@
 
 use std::future::Future;
 
+use sea_orm::sea_query::{Query, ValueTuple};
 use sea_orm::{
-    ActiveModelBehavior, ActiveModelTrait, ConnectionTrait, EntityTrait, IntoActiveModel,
-    ModelTrait, Value, sea_query::ValueTuple,
+    ActiveModelBehavior, ActiveModelTrait, ColumnTrait, ColumnType, ConnectionTrait, DbBackend,
+    DbErr, EntityTrait, FromQueryResult, IdenStatic, IntoActiveModel, Iterable, ModelTrait,
+    PrimaryKeyToColumn, QueryTrait, Value,
 };
 
-use crate::append::{ensure_transaction, prepare, write};
+use crate::append::{ensure_transaction, prepare, save_and_append_statement, write};
 use crate::outbox_event::PreparedEvent;
 use crate::{OutboxError, OutboxEvent};
 
@@ -19,8 +21,15 @@ type ModelOf<A> = <<A as ActiveModelTrait>::Entity as EntityTrait>::Model;
 /// event sets one ([`OutboxEvent::aggregate_id`]); a composite key is joined
 /// with `:`. Payloads are serialized and the connection is checked before
 /// anything is written; a connection that is not a transaction is refused
-/// with [`OutboxError::NotInTransaction`]. The model's
-/// [`ActiveModelBehavior`] hooks run as in SeaORM's own `insert`/`update`.
+/// with [`OutboxError::NotInTransaction`].
+///
+/// The model's [`ActiveModelBehavior`] hooks run as in SeaORM's own
+/// `insert`/`update`: `before_save` before the row is written, `after_save`
+/// with the saved model after it. The events given here are written with
+/// the row, before `after_save`, so events that `after_save` appends (see
+/// [`EmitEvents`](crate::EmitEvents)) come after them in the aggregate's
+/// sequence. On PostgreSQL, `insert_with_events` writes the row and its
+/// events in one statement.
 ///
 /// ```no_run
 /// # mod order {
@@ -55,8 +64,19 @@ pub trait ActiveModelOutboxExt: ActiveModelTrait + ActiveModelBehavior + Send
 where
     ModelOf<Self>: IntoActiveModel<Self>,
 {
-    /// Inserts the row, then appends `events` with its primary key as
+    /// Inserts the row and appends `events` with its primary key as
     /// aggregate id. Returns the inserted model.
+    ///
+    /// On PostgreSQL the row and its events are written by one statement,
+    /// one round trip: SeaORM's `INSERT .. RETURNING` of the row inside a
+    /// data-modifying CTE that also reserves the events' sequence numbers
+    /// and inserts their outbox rows, taking the aggregate id from the
+    /// inserted row's key in SQL. Elsewhere, and on PostgreSQL for more
+    /// than 500 events or for events whose aggregate id the statement cannot
+    /// compute (a key that is not integers, strings and UUIDs; one aggregate
+    /// type with both given ids and the row's), the insert and the append
+    /// are separate statements. Either way `before_save` runs before the row
+    /// is written and `after_save` after the events are.
     fn insert_with_events<'a, C, I>(
         self,
         db: &'a C,
@@ -69,17 +89,12 @@ where
         I::Item: Into<OutboxEvent>,
     {
         let checked = ensure_transaction::<C>().and_then(|()| prepare(events));
-        async move {
-            let events = checked?;
-            let model = self.insert(db).await?;
-            let aggregate_id = default_aggregate_id(&model, &events)?;
-            write(db, events, aggregate_id.as_deref()).await?;
-            Ok(model)
-        }
+        async move { insert_and_write(self, db, checked?).await }
     }
 
     /// Updates the row, then appends `events` with its primary key as
-    /// aggregate id. Returns the updated model.
+    /// aggregate id. Returns the updated model. `before_save` runs before
+    /// the row is written and `after_save` after the events are.
     fn update_with_events<'a, C, I>(
         self,
         db: &'a C,
@@ -92,17 +107,13 @@ where
         I::Item: Into<OutboxEvent>,
     {
         let checked = ensure_transaction::<C>().and_then(|()| prepare(events));
-        async move {
-            let events = checked?;
-            let model = self.update(db).await?;
-            let aggregate_id = default_aggregate_id(&model, &events)?;
-            write(db, events, aggregate_id.as_deref()).await?;
-            Ok(model)
-        }
+        async move { update_and_write(self, db, checked?).await }
     }
 
     /// Inserts the row if its primary key is not set and updates it
-    /// otherwise (SeaORM's `save`), then appends `events`.
+    /// otherwise (SeaORM's `save`), appending `events` as
+    /// [`insert_with_events`](Self::insert_with_events) and
+    /// [`update_with_events`](Self::update_with_events) do.
     fn save_with_events<'a, C, I>(
         self,
         db: &'a C,
@@ -118,12 +129,10 @@ where
         async move {
             let events = checked?;
             let model = if self.is_update() {
-                self.update(db).await?
+                update_and_write(self, db, events).await?
             } else {
-                self.insert(db).await?
+                insert_and_write(self, db, events).await?
             };
-            let aggregate_id = default_aggregate_id(&model, &events)?;
-            write(db, events, aggregate_id.as_deref()).await?;
             Ok(model.into_active_model())
         }
     }
@@ -134,6 +143,102 @@ where
     A: ActiveModelTrait + ActiveModelBehavior + Send,
     ModelOf<A>: IntoActiveModel<A>,
 {
+}
+
+/// SeaORM's `ActiveModelTrait::insert` with the events written between the
+/// insert and `after_save`; on PostgreSQL, in the insert's statement.
+async fn insert_and_write<A, C>(
+    active_model: A,
+    db: &C,
+    events: Vec<PreparedEvent>,
+) -> Result<ModelOf<A>, OutboxError>
+where
+    A: ActiveModelTrait + ActiveModelBehavior + Send,
+    ModelOf<A>: IntoActiveModel<A>,
+    C: ConnectionTrait,
+{
+    let active_model = ActiveModelBehavior::before_save(active_model, db, true).await?;
+    let insert = <A::Entity as EntityTrait>::insert(active_model);
+    let backend = db.get_database_backend();
+    let one_statement = if backend == DbBackend::Postgres {
+        // What `Insert::exec_with_returning` sends, wrapped with the append.
+        let mut save = insert.as_query().clone();
+        save.returning(
+            Query::returning().exprs(
+                <A::Entity as EntityTrait>::Column::iter()
+                    .map(|column| column.select_as(column.into_returning_expr(backend))),
+            ),
+        );
+        let key_columns = key_columns::<A::Entity>();
+        save_and_append_statement(backend.build(&save), key_columns.as_deref(), &events)
+    } else {
+        None
+    };
+    let model = match one_statement {
+        Some(statement) => {
+            let row = db
+                .query_one_raw(statement)
+                .await?
+                .ok_or_else(|| DbErr::RecordNotFound("Failed to find inserted item".to_owned()))?;
+            ModelOf::<A>::from_query_result(&row, "")?
+        }
+        None => {
+            let model = insert.exec_with_returning(db).await?;
+            let aggregate_id = default_aggregate_id(&model, &events)?;
+            write(db, events, aggregate_id.as_deref()).await?;
+            model
+        }
+    };
+    Ok(A::after_save(model, db, true).await?)
+}
+
+/// SeaORM's `ActiveModelTrait::update` with the events written between the
+/// update and `after_save`.
+async fn update_and_write<A, C>(
+    active_model: A,
+    db: &C,
+    events: Vec<PreparedEvent>,
+) -> Result<ModelOf<A>, OutboxError>
+where
+    A: ActiveModelTrait + ActiveModelBehavior + Send,
+    ModelOf<A>: IntoActiveModel<A>,
+    C: ConnectionTrait,
+{
+    let active_model = ActiveModelBehavior::before_save(active_model, db, false).await?;
+    let model = <A::Entity as EntityTrait>::update(active_model)
+        .exec(db)
+        .await?;
+    let aggregate_id = default_aggregate_id(&model, &events)?;
+    write(db, events, aggregate_id.as_deref()).await?;
+    Ok(A::after_save(model, db, false).await?)
+}
+
+/// The primary key's column names, if PostgreSQL's `::text` of each column
+/// is what [`aggregate_id_of`] makes of its value in Rust: integers in
+/// decimal, strings as they are, UUIDs hyphenated in lower case.
+fn key_columns<E: EntityTrait>() -> Option<Vec<&'static str>> {
+    E::PrimaryKey::iter()
+        .map(|key| {
+            let column = key.into_column();
+            match column.def().get_column_type() {
+                ColumnType::TinyInteger
+                | ColumnType::SmallInteger
+                | ColumnType::Integer
+                | ColumnType::BigInteger
+                | ColumnType::TinyUnsigned
+                | ColumnType::SmallUnsigned
+                | ColumnType::Unsigned
+                | ColumnType::BigUnsigned
+                | ColumnType::String(_)
+                | ColumnType::Text
+                | ColumnType::Uuid => Some(column.as_str()),
+                // `char(n)` loses its padding in `::text`, enums and other
+                // types may read differently: such keys take the
+                // statement-per-step path, which formats them in Rust.
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 /// The aggregate id for those `events` that set none: `model`'s primary key.

@@ -4,8 +4,26 @@
 //! each aggregate it touches (a row lock held until the transaction ends, so
 //! concurrent writers of one aggregate get their numbers in commit order) and
 //! inserts every row with a single multi-row `INSERT`.
+//!
+//! On PostgreSQL both steps are one statement, a data-modifying CTE: an
+//! upsert of the `outbox_sequence` rows (`reserved`) and the outbox
+//! `INSERT`, which numbers its rows from it. `insert_with_events` puts the
+//! aggregate row's `INSERT .. RETURNING` in front of the same two parts:
+//!
+//! ```sql
+//! WITH saved AS (INSERT INTO orders .. RETURNING ..),
+//!      reserved AS (INSERT INTO outbox_sequence .. VALUES ($4, (SELECT "id"::text FROM saved), $5)
+//!                   ON CONFLICT .. DO UPDATE .. RETURNING ..),
+//!      appended AS (INSERT INTO outbox .. SELECT .. JOIN reserved ..)
+//! SELECT * FROM saved
+//! ```
+//!
+//! so the row and its events cost one round trip, the events' aggregate id
+//! computed from the saved row's key. MySQL/MariaDB and SQLite, appends of
+//! more than 500 rows, and the rare calls the statement cannot express
+//! ([`save_and_append_statement`]) take a statement per step.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, Statement, Value};
 use uuid::Uuid;
@@ -173,16 +191,16 @@ pub(crate) async fn write<C: ConnectionTrait>(
         return Ok(Vec::new());
     }
 
+    let backend = db.get_database_backend();
+    if backend == DbBackend::Postgres && rows.len() <= ROWS_PER_INSERT {
+        write_in_one_statement(db, &mut rows).await?;
+        return Ok(rows.into_iter().map(Row::into_appended).collect());
+    }
     // Sorted keys: transactions touching several aggregates lock their
     // sequence rows in one global order and cannot deadlock on them.
     let mut next_sequence: BTreeMap<(&'static str, String), i64> = BTreeMap::new();
     for row in &rows {
         *next_sequence.entry(row.aggregate_key()).or_default() += 1;
-    }
-    let backend = db.get_database_backend();
-    if backend == DbBackend::Postgres && rows.len() <= ROWS_PER_INSERT {
-        write_in_one_statement(db, &mut rows, &next_sequence).await?;
-        return Ok(rows.into_iter().map(Row::into_appended).collect());
     }
     for ((aggregate_type, aggregate_id), next) in next_sequence.iter_mut() {
         let count = *next;
@@ -205,81 +223,27 @@ pub(crate) async fn write<C: ConnectionTrait>(
 
 /// PostgreSQL: reserves the sequence numbers and inserts the rows in one
 /// statement (a data-modifying CTE), saving a round trip per aggregate.
-/// The multi-row upsert locks the sequence rows in `counts`' sorted order.
 async fn write_in_one_statement<C: ConnectionTrait>(
     db: &C,
     rows: &mut [Row],
-    counts: &BTreeMap<(&'static str, String), i64>,
 ) -> Result<(), OutboxError> {
-    let mut values: Vec<Value> = Vec::with_capacity(counts.len() * 3 + rows.len() * 10);
-    let mut placeholder = 0;
-    let mut next = || {
-        placeholder += 1;
-        format!("${placeholder}")
-    };
-    let mut reservations = Vec::with_capacity(counts.len());
-    for ((aggregate_type, aggregate_id), count) in counts {
-        reservations.push(format!(
-            "({}::text, {}::text, {}::bigint)",
-            next(),
-            next(),
-            next()
-        ));
-        values.extend([
-            (*aggregate_type).into(),
-            aggregate_id.as_str().into(),
-            (*count).into(),
-        ]);
-    }
-    let mut positions: BTreeMap<(&'static str, String), i64> = BTreeMap::new();
-    let mut events = Vec::with_capacity(rows.len());
-    for (order, row) in rows.iter().enumerate() {
-        let key = row.aggregate_key();
-        let position = positions.entry(key.clone()).or_default();
-        *position += 1;
-        events.push(format!(
-            "({}::bigint, {}::uuid, {}::text, {}::text, {}::text, {}::jsonb, {}::int, {}::bigint, {}::bigint, {}::text)",
-            next(), next(), next(), next(), next(), next(), next(), next(), next(), next()
-        ));
-        values.extend([
-            (order as i64).into(),
-            row.event.id.into(),
-            row.event.aggregate_type.into(),
-            row.aggregate_id.as_str().into(),
-            row.event.event_type.into(),
-            row.event.payload.as_str().into(),
-            i64::from(row.event.version).into(),
-            (*position).into(),
-            counts[&key].into(),
-            row.event.traceparent.clone().into(),
-        ]);
-    }
+    let cte = AppendCte::new(
+        rows.iter()
+            .map(|row| (&row.event, AggregateIdSql::Param(&row.aggregate_id))),
+        0,
+    );
     let sql = format!(
-        "WITH reserved AS (\
-           INSERT INTO {SEQUENCE_TABLE} (aggregatetype, aggregateid, last_seq) VALUES {} \
-           ON CONFLICT (aggregatetype, aggregateid) \
-           DO UPDATE SET last_seq = {SEQUENCE_TABLE}.last_seq + excluded.last_seq \
-           RETURNING aggregatetype, aggregateid, last_seq) \
-         INSERT INTO {OUTBOX_TABLE} \
-           (id, aggregatetype, aggregateid, type, payload, event_version, aggregate_seq, traceparent) \
-         SELECT e.id, e.aggregatetype, e.aggregateid, e.type, e.payload, e.event_version, \
-           r.last_seq - e.count + e.position, e.traceparent \
-         FROM (VALUES {}) AS e(ord, id, aggregatetype, aggregateid, type, payload, event_version, \
-           position, count, traceparent) \
-         JOIN reserved r USING (aggregatetype, aggregateid) \
-         ORDER BY e.ord \
-         RETURNING id, aggregate_seq",
-        reservations.join(", "),
-        events.join(", ")
+        "WITH reserved AS ({}) {} RETURNING id, aggregate_seq",
+        cte.reserve, cte.insert
     );
     let inserted = db
         .query_all_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
             sql,
-            values,
+            cte.values,
         ))
         .await?;
-    let mut sequences = std::collections::HashMap::with_capacity(inserted.len());
+    let mut sequences = HashMap::with_capacity(inserted.len());
     for row in &inserted {
         sequences.insert(
             row.try_get_by_index::<Uuid>(0)?,
@@ -292,6 +256,204 @@ async fn write_in_one_statement<C: ConnectionTrait>(
             .ok_or_else(|| OutboxError::Db(sea_orm::DbErr::RecordNotInserted))?;
     }
     Ok(())
+}
+
+/// PostgreSQL: one statement that saves the aggregate row and appends
+/// `events`, or `None` when this call needs a statement per step.
+///
+/// `save` is the row's `INSERT .. RETURNING` as SeaORM builds it, and the
+/// statement returns what `save` returns. Events without an aggregate id
+/// take the saved row's primary key: `key_columns` (in key order; `None` if
+/// the key cannot serve as an aggregate id), each converted to text and
+/// joined with `:`, in SQL. `None` when the backend is not PostgreSQL,
+/// there are no events or more than one statement holds, events need a key
+/// that `key_columns` cannot give, or an aggregate type has both events of
+/// the saved row and events with a given id (which of the two locks its
+/// sequence row first, and whether they are one aggregate, only shows once
+/// the row exists).
+pub(crate) fn save_and_append_statement(
+    save: Statement,
+    key_columns: Option<&[&str]>,
+    events: &[PreparedEvent],
+) -> Option<Statement> {
+    if save.db_backend != DbBackend::Postgres || events.is_empty() || events.len() > ROWS_PER_INSERT
+    {
+        return None;
+    }
+    let saved_row_types: BTreeSet<&str> = events
+        .iter()
+        .filter(|event| event.aggregate_id.is_none())
+        .map(|event| event.aggregate_type)
+        .collect();
+    let mixed = events.iter().any(|event| {
+        event.aggregate_id.is_some() && saved_row_types.contains(event.aggregate_type)
+    });
+    if mixed {
+        return None;
+    }
+    let saved_key = if saved_row_types.is_empty() {
+        String::new()
+    } else {
+        saved_key_sql(key_columns.filter(|columns| !columns.is_empty())?)
+    };
+
+    let mut values = save.values.map(|values| values.0).unwrap_or_default();
+    let rows = events.iter().map(|event| {
+        let aggregate_id = match &event.aggregate_id {
+            Some(id) => AggregateIdSql::Param(id),
+            None => AggregateIdSql::Expression(&saved_key),
+        };
+        (event, aggregate_id)
+    });
+    let cte = AppendCte::new(rows, values.len());
+    values.extend(cte.values);
+    let sql = format!(
+        "WITH {SAVED} AS ({}), reserved AS ({}), appended AS ({}) SELECT * FROM {SAVED}",
+        save.sql, cte.reserve, cte.insert
+    );
+    Some(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        sql,
+        values,
+    ))
+}
+
+/// The name of the saved row in [`save_and_append_statement`].
+const SAVED: &str = "saved";
+
+/// The saved row's primary key as an `aggregateid`, in SQL: each column as
+/// text (PostgreSQL writes integers, strings and UUIDs as `aggregate_id_of`
+/// does in Rust), joined with `:`.
+fn saved_key_sql(columns: &[&str]) -> String {
+    let parts: Vec<String> = columns
+        .iter()
+        .map(|column| format!("\"{}\"::text", column.replace('"', "\"\"")))
+        .collect();
+    format!("(SELECT {} FROM {SAVED})", parts.join(" || ':' || "))
+}
+
+/// A row's `aggregateid` in a one-statement append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum AggregateIdSql<'a> {
+    /// Known before the statement runs; bound as a parameter.
+    Param(&'a str),
+    /// Computed by the statement (the saved row's key).
+    Expression(&'a str),
+}
+
+/// The two data-modifying parts of an append on PostgreSQL, shared by the
+/// append on its own and the append with a saved row: `reserve` adds each
+/// aggregate's event count to its `last_seq` and returns the new last
+/// numbers (the other part reads it as `reserved`); `insert` inserts the
+/// rows, numbered from `reserved`, in the order given.
+#[derive(Debug)]
+struct AppendCte {
+    reserve: String,
+    insert: String,
+    /// The parameters of both parts, numbered after the statement's
+    /// earlier ones.
+    values: Vec<Value>,
+}
+
+impl AppendCte {
+    /// Builds the parts for `rows`; their placeholders follow the
+    /// statement's `earlier_values` parameters.
+    fn new<'a>(
+        rows: impl Iterator<Item = (&'a PreparedEvent, AggregateIdSql<'a>)>,
+        earlier_values: usize,
+    ) -> Self {
+        let rows: Vec<_> = rows.collect();
+        // Sorted keys: the multi-row upsert locks the sequence rows in one
+        // global order, so transactions touching several aggregates cannot
+        // deadlock on them.
+        let mut counts: BTreeMap<(&'static str, AggregateIdSql<'a>), i64> = BTreeMap::new();
+        for (event, aggregate_id) in &rows {
+            *counts
+                .entry((event.aggregate_type, *aggregate_id))
+                .or_default() += 1;
+        }
+
+        let mut params = Params {
+            earlier: earlier_values,
+            values: Vec::with_capacity(counts.len() * 3 + rows.len() * 10),
+        };
+        let aggregate_id_sql = |params: &mut Params, aggregate_id| match aggregate_id {
+            AggregateIdSql::Param(id) => params.bind(id, "text"),
+            AggregateIdSql::Expression(sql) => sql.to_owned(),
+        };
+        let reservations: Vec<String> = counts
+            .iter()
+            .map(|(&(aggregate_type, aggregate_id), &count)| {
+                format!(
+                    "({}, {}, {})",
+                    params.bind(aggregate_type, "text"),
+                    aggregate_id_sql(&mut params, aggregate_id),
+                    params.bind(count, "bigint")
+                )
+            })
+            .collect();
+        let mut positions: BTreeMap<(&'static str, AggregateIdSql), i64> = BTreeMap::new();
+        let events: Vec<String> = rows
+            .iter()
+            .enumerate()
+            .map(|(order, &(event, aggregate_id))| {
+                let key = (event.aggregate_type, aggregate_id);
+                let position = positions.entry(key).or_default();
+                *position += 1;
+                format!(
+                    "({}, {}, {}, {}, {}, {}, {}, {}, {}, {})",
+                    params.bind(order as i64, "bigint"),
+                    params.bind(event.id, "uuid"),
+                    params.bind(event.aggregate_type, "text"),
+                    aggregate_id_sql(&mut params, aggregate_id),
+                    params.bind(event.event_type, "text"),
+                    params.bind(event.payload.as_str(), "jsonb"),
+                    params.bind(i64::from(event.version), "int"),
+                    params.bind(*position, "bigint"),
+                    params.bind(counts[&key], "bigint"),
+                    params.bind(event.traceparent.clone(), "text"),
+                )
+            })
+            .collect();
+        let reserve = format!(
+            "INSERT INTO {SEQUENCE_TABLE} (aggregatetype, aggregateid, last_seq) VALUES {} \
+             ON CONFLICT (aggregatetype, aggregateid) \
+             DO UPDATE SET last_seq = {SEQUENCE_TABLE}.last_seq + excluded.last_seq \
+             RETURNING aggregatetype, aggregateid, last_seq",
+            reservations.join(", ")
+        );
+        let insert = format!(
+            "INSERT INTO {OUTBOX_TABLE} \
+               (id, aggregatetype, aggregateid, type, payload, event_version, aggregate_seq, traceparent) \
+             SELECT e.id, e.aggregatetype, e.aggregateid, e.type, e.payload, e.event_version, \
+               r.last_seq - e.count + e.position, e.traceparent \
+             FROM (VALUES {}) AS e(ord, id, aggregatetype, aggregateid, type, payload, event_version, \
+               position, count, traceparent) \
+             JOIN reserved r USING (aggregatetype, aggregateid) \
+             ORDER BY e.ord",
+            events.join(", ")
+        );
+        Self {
+            reserve,
+            insert,
+            values: params.values,
+        }
+    }
+}
+
+/// The parameters of a statement under construction.
+struct Params {
+    /// Parameters of the statement before these.
+    earlier: usize,
+    values: Vec<Value>,
+}
+
+impl Params {
+    /// Binds `value` and returns its placeholder, cast to `sql_type`.
+    fn bind(&mut self, value: impl Into<Value>, sql_type: &str) -> String {
+        self.values.push(value.into());
+        format!("${}::{sql_type}", self.earlier + self.values.len())
+    }
 }
 
 /// A prepared event with the aggregate id and sequence number of its row.
@@ -420,4 +582,100 @@ fn insert_statement(backend: DbBackend, rows: &[Row]) -> Statement {
         ]);
     }
     Statement::from_sql_and_values(backend, sql, values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(aggregate_type: &'static str, aggregate_id: Option<&str>) -> PreparedEvent {
+        PreparedEvent {
+            id: Uuid::now_v7(),
+            aggregate_type,
+            aggregate_id: aggregate_id.map(str::to_owned),
+            event_type: "Happened",
+            version: 1,
+            payload: "{}".to_owned(),
+            traceparent: None,
+        }
+    }
+
+    /// The row's `INSERT .. RETURNING`, with its two parameters.
+    fn save(backend: DbBackend) -> Statement {
+        Statement::from_sql_and_values(
+            backend,
+            r#"INSERT INTO "orders" ("customer", "total") VALUES ($1, $2) RETURNING "id", "customer", "total""#,
+            ["ada".into(), 1i64.into()],
+        )
+    }
+
+    #[test]
+    fn the_saved_row_and_its_events_make_one_statement() {
+        let events = [event("Order", None), event("Order", None)];
+        let statement =
+            save_and_append_statement(save(DbBackend::Postgres), Some(&["id"]), &events)
+                .expect("one statement");
+        let sql = &statement.sql;
+        assert!(
+            sql.starts_with(
+                r#"WITH saved AS (INSERT INTO "orders" ("customer", "total") VALUES ($1, $2) RETURNING "id", "customer", "total"), reserved AS (INSERT INTO outbox_sequence"#
+            ),
+            "{sql}"
+        );
+        assert!(sql.ends_with(") SELECT * FROM saved"), "{sql}");
+        // One reservation for the one aggregate, whose id comes from the row.
+        assert!(
+            sql.contains(
+                r#"VALUES ($3::text, (SELECT "id"::text FROM saved), $4::bigint) ON CONFLICT"#
+            ),
+            "{sql}"
+        );
+        assert_eq!(sql.matches(r#"(SELECT "id"::text FROM saved)"#).count(), 3);
+        assert!(sql.contains("$22::text)"), "the last parameter: {sql}");
+        assert!(!sql.contains("$23"), "{sql}");
+        // The row's 2, the reservation's 2, 9 per event (the id is SQL).
+        assert_eq!(statement.values.expect("parameters").0.len(), 2 + 2 + 2 * 9);
+    }
+
+    #[test]
+    fn composite_keys_join_their_columns_with_colons() {
+        assert_eq!(
+            saved_key_sql(&["tenant", "odd\"name"]),
+            r#"(SELECT "tenant"::text || ':' || "odd""name"::text FROM saved)"#
+        );
+    }
+
+    #[test]
+    fn events_with_given_ids_need_no_key() {
+        let events = [event("Order", Some("7")), event("Invoice", None)];
+        let statement =
+            save_and_append_statement(save(DbBackend::Postgres), Some(&["id"]), &events)
+                .expect("one statement");
+        // Sorted by aggregate type: Invoice (the row's key), then Order 7.
+        assert!(
+            statement.sql.contains(
+                r#"VALUES ($3::text, (SELECT "id"::text FROM saved), $4::bigint), ($5::text, $6::text, $7::bigint) ON CONFLICT"#
+            ),
+            "{}",
+            statement.sql
+        );
+        let given_only = [event("Order", Some("7"))];
+        assert!(save_and_append_statement(save(DbBackend::Postgres), None, &given_only).is_some());
+    }
+
+    #[test]
+    fn other_calls_take_a_statement_per_step() {
+        let key = Some(&["id"][..]);
+        let one = [event("Order", None)];
+        assert!(save_and_append_statement(save(DbBackend::MySql), key, &one).is_none());
+        assert!(save_and_append_statement(save(DbBackend::Sqlite), key, &one).is_none());
+        assert!(save_and_append_statement(save(DbBackend::Postgres), key, &[]).is_none());
+        let many = vec![event("Order", None); ROWS_PER_INSERT + 1];
+        assert!(save_and_append_statement(save(DbBackend::Postgres), key, &many).is_none());
+        // The row's key is needed but cannot serve as an aggregate id.
+        assert!(save_and_append_statement(save(DbBackend::Postgres), None, &one).is_none());
+        // One aggregate type, the row's key and a given id.
+        let mixed = [event("Order", None), event("Order", Some("7"))];
+        assert!(save_and_append_statement(save(DbBackend::Postgres), key, &mixed).is_none());
+    }
 }

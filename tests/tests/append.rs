@@ -6,11 +6,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_core::{ActiveModelOutboxExt, OutboxError, OutboxEvent};
-use outbox_tests::entities::{invoice, order};
-use outbox_tests::events::{InvoiceIssuedV2, OrderPlaced, Unserializable};
+use outbox_tests::entities::{customer, invoice, order};
+use outbox_tests::events::{
+    CustomerRegistered, InvoiceIssuedV2, OrderPlaced, OrderStatusChanged, Unserializable,
+};
 use outbox_tests::{Backend, TestDb, backend_tests};
 use sea_orm::{
-    ActiveModelTrait, ActiveValue::Set, ConnectionTrait, EntityTrait, Statement, TransactionTrait,
+    ActiveModelTrait, ActiveValue::Set, ConnectionTrait, EntityTrait, IntoActiveModel, Statement,
+    TransactionTrait,
 };
 use serde_json::json;
 
@@ -28,6 +31,11 @@ backend_tests!(
     sequence_survives_deleting_published_rows,
     one_call_numbers_each_aggregate_in_order,
     transient_events_leave_no_row,
+    insert_with_events_returns_the_saved_row,
+    failed_insert_writes_no_events,
+    insert_with_events_runs_the_model_hooks,
+    composite_keys_become_aggregate_ids,
+    insert_with_many_events_numbers_them_all,
 );
 
 fn invoice_model(amount_cents: i64) -> invoice::ActiveModel {
@@ -493,5 +501,303 @@ async fn transient_events_leave_no_row(backend: Backend) {
         expected,
         "only the plain append stays"
     );
+    t.drop().await;
+}
+
+/// The `(aggregateid, type, aggregate_seq)` of every outbox row, in insertion order.
+async fn summary(t: &TestDb) -> Vec<(String, String, Option<i64>)> {
+    t.outbox_rows()
+        .await
+        .into_iter()
+        .map(|row| (row.aggregate_id, row.event_type, row.aggregate_seq))
+        .collect()
+}
+
+/// PostgreSQL: how many of the outbox rows of saved invoices were written
+/// by the statement that inserted the invoice. The parts of one statement
+/// share its command id (`cmin`); each further statement of the
+/// transaction has the next one.
+async fn events_written_with_their_invoice(t: &TestDb) -> i64 {
+    let sql = "SELECT COUNT(*) FROM outbox o \
+         JOIN invoices i ON o.aggregateid = i.id::text \
+         JOIN outbox_sequence s ON (s.aggregatetype, s.aggregateid) = (o.aggregatetype, o.aggregateid) \
+         WHERE o.cmin::text = i.cmin::text AND s.cmin::text = i.cmin::text";
+    let row =
+        t.db.query_one_raw(Statement::from_string(t.db_backend(), sql))
+            .await
+            .unwrap()
+            .unwrap();
+    row.try_get_by_index::<i64>(0).unwrap()
+}
+
+/// The model `insert_with_events` returns is the stored row with its
+/// generated key (on PostgreSQL decoded from the one statement that also
+/// appends), and each event's aggregate id is that key.
+async fn insert_with_events_returns_the_saved_row(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let txn = t.db.begin().await.unwrap();
+    let first = invoice_model(100)
+        .insert_with_events(&txn, [issued(100)])
+        .await
+        .unwrap();
+    let second = invoice_model(200)
+        .insert_with_events(&txn, [issued(200), issued(201)])
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+
+    assert_ne!(first.id, second.id, "each insert returns its own key");
+    for saved in [&first, &second] {
+        let stored = invoice::Entity::find_by_id(saved.id)
+            .one(&t.db)
+            .await
+            .unwrap()
+            .expect("the returned key is the stored row's");
+        assert_eq!(&stored, saved);
+    }
+    let (first_id, second_id) = (first.id.to_string(), second.id.to_string());
+    let expected = [
+        (first_id, "InvoiceIssued".to_owned(), Some(1)),
+        (second_id.clone(), "InvoiceIssued".to_owned(), Some(1)),
+        (second_id.clone(), "InvoiceIssued".to_owned(), Some(2)),
+    ];
+    assert_eq!(summary(&t).await, expected);
+    let amounts: Vec<_> = t
+        .outbox_rows()
+        .await
+        .into_iter()
+        .map(|row| row.payload.unwrap()["amountCents"].clone())
+        .collect();
+    assert_eq!(amounts, [json!(100), json!(200), json!(201)]);
+    if backend == Backend::Postgres {
+        assert_eq!(
+            events_written_with_their_invoice(&t).await,
+            3,
+            "each invoice and its events are one statement"
+        );
+    }
+
+    // The aggregate's sequence goes on in a later transaction.
+    let txn = t.db.begin().await.unwrap();
+    let mut paid = second.clone().into_active_model();
+    paid.amount_cents = Set(250);
+    paid.update_with_events(&txn, [issued(250)]).await.unwrap();
+    txn.commit().await.unwrap();
+    let last = summary(&t).await.pop().unwrap();
+    assert_eq!(last, (second_id, "InvoiceIssued".to_owned(), Some(3)));
+    t.drop().await;
+}
+
+/// An insert the database refuses (a duplicate key) writes none of its
+/// events, reserves no sequence numbers, and the transaction goes on.
+async fn failed_insert_writes_no_events(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let txn = t.db.begin().await.unwrap();
+    let saved = invoice_model(10)
+        .insert_with_events(&txn, [OutboxEvent::new(issued(10)).aggregate_id("kept")])
+        .await
+        .unwrap();
+
+    // A savepoint, so that PostgreSQL's transaction survives the error.
+    let savepoint = txn.begin().await.unwrap();
+    let duplicate = invoice::ActiveModel {
+        id: Set(saved.id),
+        amount_cents: Set(20),
+    };
+    let events = [
+        OutboxEvent::new(issued(20)),
+        OutboxEvent::new(issued(21)).aggregate_id("kept"),
+    ];
+    let error = duplicate
+        .insert_with_events(&savepoint, events)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, OutboxError::Db(_)), "{error:?}");
+    if backend != Backend::Postgres {
+        // Only PostgreSQL aborts the transaction on an error; elsewhere
+        // the failed call's effects would show here.
+        let row = savepoint
+            .query_one_raw(Statement::from_string(
+                t.db_backend(),
+                "SELECT COUNT(*) FROM outbox",
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.try_get_by_index::<i64>(0).unwrap(), 1);
+    }
+    savepoint.rollback().await.unwrap();
+
+    let later = outbox_core::append(&txn, [OutboxEvent::new(issued(30)).aggregate_id("kept")])
+        .await
+        .unwrap();
+    assert_eq!(
+        later[0].sequence, 2,
+        "no number was taken by the failed call"
+    );
+    txn.commit().await.unwrap();
+
+    assert_eq!(t.count("invoices").await, 1);
+    let expected = [
+        ("kept".to_owned(), "InvoiceIssued".to_owned(), Some(1)),
+        ("kept".to_owned(), "InvoiceIssued".to_owned(), Some(2)),
+    ];
+    assert_eq!(summary(&t).await, expected);
+    t.drop().await;
+}
+
+/// `before_save` runs before the row is written (its changes are saved) and
+/// `after_save` after the row and the given events are (the order hooks'
+/// `OrderPlaced` follows the event given to `insert_with_events`).
+async fn insert_with_events_runs_the_model_hooks(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let txn = t.db.begin().await.unwrap();
+    let placed = order::ActiveModel {
+        customer: Set("ada".into()),
+        total_cents: Set(4200),
+        status: Set("placed".into()),
+        ..Default::default()
+    }
+    .insert_with_events(
+        &txn,
+        [OrderStatusChanged {
+            order_id: 0,
+            status: "placed".into(),
+        }],
+    )
+    .await
+    .unwrap();
+    let customer = customer::ActiveModel {
+        tenant: Set("acme".into()),
+        id: Set(uuid::Uuid::now_v7()),
+        name: Set("  Ada Lovelace ".into()),
+    }
+    .insert_with_events(&txn, [registered(1)])
+    .await
+    .unwrap();
+    txn.commit().await.unwrap();
+
+    let id = placed.id.to_string();
+    let customer_id = format!("{}:{}", customer.tenant, customer.id);
+    let expected = [
+        (id.clone(), "OrderStatusChanged".to_owned(), Some(1)),
+        (id, "OrderPlaced".to_owned(), Some(2)),
+        (customer_id, "CustomerRegistered".to_owned(), Some(1)),
+    ];
+    assert_eq!(summary(&t).await, expected);
+    assert_eq!(
+        customer.name, "Ada Lovelace",
+        "before_save trimmed the name"
+    );
+    let stored = customer::Entity::find_by_id((customer.tenant.clone(), customer.id))
+        .one(&t.db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored, customer);
+
+    // Outside a transaction the save is refused before anything is
+    // written, even with no events to append.
+    let error = order::ActiveModel {
+        customer: Set("grace".into()),
+        total_cents: Set(1),
+        status: Set("placed".into()),
+        ..Default::default()
+    }
+    .insert_with_events(&t.db, Vec::<OutboxEvent>::new())
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(error, OutboxError::NotInTransaction { .. }),
+        "{error:?}"
+    );
+    assert_eq!(t.count("orders").await, 1);
+    t.drop().await;
+}
+
+fn registered(customer_id: i64) -> CustomerRegistered {
+    CustomerRegistered {
+        customer_id,
+        first_name: "Ada".into(),
+        last_name: "Lovelace".into(),
+    }
+}
+
+/// A composite key of a string and a UUID becomes `<tenant>:<uuid>`, the
+/// UUID hyphenated in lower case, as the key formats in Rust; the saved
+/// row's key and given ids mix in one call, in one aggregate type or in
+/// several.
+async fn composite_keys_become_aggregate_ids(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let uuid = uuid::Uuid::parse_str("0190A0B1-C2D3-7E4F-8A9B-0C1D2E3F4A5B").unwrap();
+    let new_customer = |tenant: &str, id| customer::ActiveModel {
+        tenant: Set(tenant.into()),
+        id: Set(id),
+        name: Set("ada".into()),
+    };
+    let txn = t.db.begin().await.unwrap();
+    new_customer("acme", uuid)
+        .insert_with_events(
+            &txn,
+            [
+                OutboxEvent::new(registered(1)),
+                OutboxEvent::new(issued(1)).aggregate_id("inv-1"),
+                OutboxEvent::new(registered(2)),
+            ],
+        )
+        .await
+        .unwrap();
+    // One aggregate type with the row's key and a given id: the given id
+    // happens to be the row's own key, so all three are one aggregate.
+    let other = uuid::Uuid::now_v7();
+    let other_id = format!("globex:{other}");
+    new_customer("globex", other)
+        .insert_with_events(
+            &txn,
+            [
+                OutboxEvent::new(registered(3)),
+                OutboxEvent::new(registered(4)).aggregate_id(other_id.clone()),
+                OutboxEvent::new(registered(5)),
+            ],
+        )
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+
+    let acme = "acme:0190a0b1-c2d3-7e4f-8a9b-0c1d2e3f4a5b".to_owned();
+    let customer = "CustomerRegistered".to_owned();
+    let expected = [
+        (acme.clone(), customer.clone(), Some(1)),
+        ("inv-1".to_owned(), "InvoiceIssued".to_owned(), Some(1)),
+        (acme, customer.clone(), Some(2)),
+        (other_id.clone(), customer.clone(), Some(1)),
+        (other_id.clone(), customer.clone(), Some(2)),
+        (other_id, customer, Some(3)),
+    ];
+    assert_eq!(summary(&t).await, expected);
+    t.drop().await;
+}
+
+/// More events than one statement holds: the insert and the append take a
+/// statement each, and the events are numbered all the same.
+async fn insert_with_many_events_numbers_them_all(backend: Backend) {
+    const EVENTS: i64 = 1200;
+    let t = TestDb::new(backend).await;
+    let txn = t.db.begin().await.unwrap();
+    let saved = invoice_model(1)
+        .insert_with_events(&txn, (1..=EVENTS).map(issued))
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+
+    let rows = summary(&t).await;
+    assert_eq!(rows.len(), EVENTS as usize);
+    if backend == Backend::Postgres {
+        assert_eq!(events_written_with_their_invoice(&t).await, 0);
+    }
+    for (row, expected) in rows.iter().zip(1..) {
+        assert_eq!(row.0, saved.id.to_string());
+        assert_eq!(row.2, Some(expected));
+    }
     t.drop().await;
 }

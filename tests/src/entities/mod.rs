@@ -1,6 +1,8 @@
 //! Entities the tests save: `orders` appends its events from SeaORM hooks,
-//! `invoices` has plain hooks and is saved with the explicit API.
+//! `invoices` has plain hooks and is saved with the explicit API,
+//! `customers` has a composite key and a `before_save` hook of its own.
 
+pub mod customer;
 pub mod invoice;
 pub mod order;
 
@@ -10,4 +12,5 @@ use sea_orm::DatabaseConnection;
 pub async fn create_tables(db: &DatabaseConnection) {
     crate::db::create_table(db, order::Entity).await;
     crate::db::create_table(db, invoice::Entity).await;
+    crate::db::create_table(db, customer::Entity).await;
 }
