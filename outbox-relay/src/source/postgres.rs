@@ -59,7 +59,9 @@ impl PostgresSource {
     /// shards configured, joins their ownership.
     pub async fn connect(url: &str, options: SourceOptions) -> Result<Self, SourceError> {
         let pool = PgPoolOptions::new()
-            .max_connections(4)
+            // The listener, two open claims (one at the broker, one claimed
+            // ahead), and the heartbeat, retention and backlog sampling.
+            .max_connections(6)
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
             .await
