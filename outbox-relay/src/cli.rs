@@ -275,7 +275,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|error| format!("{error} (use a duration such as 500ms, 30s, 10m or 7d)"))
 }
 
-fn parse_key_value(text: &str) -> Result<(String, String), String> {
+/// Parses `KEY=VALUE`, such as a librdkafka setting.
+pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.trim().is_empty() => {
             Ok((key.trim().to_owned(), value.trim().to_owned()))

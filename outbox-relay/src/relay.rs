@@ -175,14 +175,10 @@ impl Relay {
                 Some(batch) => batch,
                 None => {
                     // The last batch settles while the loop waits.
-                    let previous = answered.take();
-                    let settled = async {
-                        match previous {
-                            Some(previous) => self.commit(previous).await.map(drop),
-                            None => Ok(()),
-                        }
-                    };
-                    let (settled, ()) = tokio::join!(settled, self.pause(next, &shutdown));
+                    let (settled, ()) = tokio::join!(
+                        self.commit_if_any(answered.take()),
+                        self.pause(next, &shutdown)
+                    );
                     if let Err(error) = settled {
                         next = Next::Sleep(database_failed(&mut backoff, &error));
                         continue;
@@ -230,10 +226,7 @@ impl Relay {
             };
             let previous = answered.take();
             let database = async {
-                let settled = match previous {
-                    Some(previous) => self.commit(previous).await.map(drop),
-                    None => Ok(()),
-                };
+                let settled = self.commit_if_any(previous).await;
                 let ahead = match &settled {
                     Ok(()) if !in_flight.is_empty() => self.claim_ahead(&in_flight).await,
                     _ => Ok(None),
@@ -299,6 +292,14 @@ impl Relay {
             "relay stopped"
         );
         outcome
+    }
+
+    /// Settles `answered`, if there is a batch waiting.
+    async fn commit_if_any(&self, answered: Option<Answered>) -> Result<(), SourceError> {
+        match answered {
+            Some(answered) => self.commit(answered).await.map(drop),
+            None => Ok(()),
+        }
     }
 
     /// Waits as `next` says, or until shutdown is requested.

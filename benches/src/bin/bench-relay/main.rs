@@ -112,7 +112,7 @@ struct Options {
     sequential: bool,
     /// A librdkafka setting for the relay's producer, as the relay's own
     /// `--kafka-option` (repeatable), such as `linger.ms=0`.
-    #[arg(long = "kafka-option", short = 'X', value_name = "KEY=VALUE", value_parser = key_value)]
+    #[arg(long = "kafka-option", short = 'X', value_name = "KEY=VALUE", value_parser = outbox_relay::cli::parse_key_value)]
     kafka_options: Vec<(String, String)>,
     /// Partitions of the topics the relay creates.
     #[arg(long, default_value_t = 1)]
@@ -882,11 +882,4 @@ async fn run(
     }
     bench.pool.close().await;
     Ok(results)
-}
-
-/// `KEY=VALUE`.
-fn key_value(text: &str) -> Result<(String, String), String> {
-    text.split_once('=')
-        .map(|(key, value)| (key.trim().to_owned(), value.trim().to_owned()))
-        .ok_or_else(|| format!("expected KEY=VALUE, got {text:?}"))
 }
