@@ -14,12 +14,15 @@
 //! WITH saved AS (INSERT INTO orders .. RETURNING ..),
 //!      reserved AS (INSERT INTO outbox_sequence .. VALUES ($4, (SELECT "id"::text FROM saved), $5)
 //!                   ON CONFLICT .. DO UPDATE .. RETURNING ..),
-//!      appended AS (INSERT INTO outbox .. SELECT .. JOIN reserved ..)
+//!      appended AS (INSERT INTO outbox .. VALUES ($6, $4, (SELECT "id"::text FROM saved), ..,
+//!                   (SELECT last_seq FROM reserved), ..))
 //! SELECT * FROM saved
 //! ```
 //!
 //! so the row and its events cost one round trip, the events' aggregate id
-//! computed from the saved row's key. MySQL/MariaDB and SQLite, appends of
+//! computed from the saved row's key. The outbox `INSERT` is a plain
+//! `VALUES` list (no join, no sort): it costs the server little more than
+//! the rows themselves. MySQL/MariaDB and SQLite, appends of
 //! more than 500 rows, and the rare calls the statement cannot express
 //! ([`save_and_append_statement`]) take a statement per step.
 
@@ -345,7 +348,13 @@ enum AggregateIdSql<'a> {
 /// append on its own and the append with a saved row: `reserve` adds each
 /// aggregate's event count to its `last_seq` and returns the new last
 /// numbers (the other part reads it as `reserved`); `insert` inserts the
-/// rows, numbered from `reserved`, in the order given.
+/// rows in the order given, a plain multi-row `INSERT .. VALUES` whose
+/// rows take their numbers from `reserved` by scalar subqueries.
+///
+/// Each aggregate's type and id are bound once and their placeholders
+/// reused; the offset of a row's number from its aggregate's new last
+/// number is a literal, fixed by the shape of the call, so calls of one
+/// shape share one SQL text and one prepared statement.
 #[derive(Debug)]
 struct AppendCte {
     reserve: String,
@@ -353,6 +362,13 @@ struct AppendCte {
     /// The parameters of both parts, numbered after the statement's
     /// earlier ones.
     values: Vec<Value>,
+}
+
+/// One aggregate of an append: its event count and its key, as SQL.
+struct Reservation {
+    count: i64,
+    aggregate_type: String,
+    aggregate_id: String,
 }
 
 impl AppendCte {
@@ -375,42 +391,63 @@ impl AppendCte {
 
         let mut params = Params {
             earlier: earlier_values,
-            values: Vec::with_capacity(counts.len() * 3 + rows.len() * 10),
+            values: Vec::with_capacity(counts.len() * 3 + rows.len() * 5),
         };
-        let aggregate_id_sql = |params: &mut Params, aggregate_id| match aggregate_id {
-            AggregateIdSql::Param(id) => params.bind(id, "text"),
-            AggregateIdSql::Expression(sql) => sql.to_owned(),
-        };
-        let reservations: Vec<String> = counts
-            .iter()
-            .map(|(&(aggregate_type, aggregate_id), &count)| {
+        let reservations: BTreeMap<_, Reservation> = counts
+            .into_iter()
+            .map(|(key @ (aggregate_type, aggregate_id), count)| {
+                let reservation = Reservation {
+                    count,
+                    aggregate_type: params.bind(aggregate_type, "text"),
+                    aggregate_id: match aggregate_id {
+                        AggregateIdSql::Param(id) => params.bind(id, "text"),
+                        AggregateIdSql::Expression(sql) => sql.to_owned(),
+                    },
+                };
+                (key, reservation)
+            })
+            .collect();
+        let reserved_rows: Vec<String> = reservations
+            .values()
+            .map(|reservation| {
                 format!(
                     "({}, {}, {})",
-                    params.bind(aggregate_type, "text"),
-                    aggregate_id_sql(&mut params, aggregate_id),
-                    params.bind(count, "bigint")
+                    reservation.aggregate_type,
+                    reservation.aggregate_id,
+                    params.bind(reservation.count, "bigint")
                 )
             })
             .collect();
+
+        let one_aggregate = reservations.len() == 1;
         let mut positions: BTreeMap<(&'static str, AggregateIdSql), i64> = BTreeMap::new();
         let events: Vec<String> = rows
             .iter()
-            .enumerate()
-            .map(|(order, &(event, aggregate_id))| {
+            .map(|&(event, aggregate_id)| {
                 let key = (event.aggregate_type, aggregate_id);
+                let reservation = &reservations[&key];
                 let position = positions.entry(key).or_default();
                 *position += 1;
+                let last = if one_aggregate {
+                    "(SELECT last_seq FROM reserved)".to_owned()
+                } else {
+                    format!(
+                        "(SELECT last_seq FROM reserved WHERE aggregatetype = {} AND aggregateid = {})",
+                        reservation.aggregate_type, reservation.aggregate_id
+                    )
+                };
+                let sequence = match reservation.count - *position {
+                    0 => last,
+                    offset => format!("{last} - {offset}"),
+                };
                 format!(
-                    "({}, {}, {}, {}, {}, {}, {}, {}, {}, {})",
-                    params.bind(order as i64, "bigint"),
+                    "({}, {}, {}, {}, {}, {}, {sequence}, {})",
                     params.bind(event.id, "uuid"),
-                    params.bind(event.aggregate_type, "text"),
-                    aggregate_id_sql(&mut params, aggregate_id),
+                    reservation.aggregate_type,
+                    reservation.aggregate_id,
                     params.bind(event.event_type, "text"),
                     params.bind(event.payload.as_str(), "jsonb"),
                     params.bind(i64::from(event.version), "int"),
-                    params.bind(*position, "bigint"),
-                    params.bind(counts[&key], "bigint"),
                     params.bind(event.traceparent.clone(), "text"),
                 )
             })
@@ -420,17 +457,12 @@ impl AppendCte {
              ON CONFLICT (aggregatetype, aggregateid) \
              DO UPDATE SET last_seq = {SEQUENCE_TABLE}.last_seq + excluded.last_seq \
              RETURNING aggregatetype, aggregateid, last_seq",
-            reservations.join(", ")
+            reserved_rows.join(", ")
         );
         let insert = format!(
             "INSERT INTO {OUTBOX_TABLE} \
                (id, aggregatetype, aggregateid, type, payload, event_version, aggregate_seq, traceparent) \
-             SELECT e.id, e.aggregatetype, e.aggregateid, e.type, e.payload, e.event_version, \
-               r.last_seq - e.count + e.position, e.traceparent \
-             FROM (VALUES {}) AS e(ord, id, aggregatetype, aggregateid, type, payload, event_version, \
-               position, count, traceparent) \
-             JOIN reserved r USING (aggregatetype, aggregateid) \
-             ORDER BY e.ord",
+             VALUES {}",
             events.join(", ")
         );
         Self {
@@ -631,10 +663,17 @@ mod tests {
             "{sql}"
         );
         assert_eq!(sql.matches(r#"(SELECT "id"::text FROM saved)"#).count(), 3);
-        assert!(sql.contains("$22::text)"), "the last parameter: {sql}");
-        assert!(!sql.contains("$23"), "{sql}");
-        // The row's 2, the reservation's 2, 9 per event (the id is SQL).
-        assert_eq!(statement.values.expect("parameters").0.len(), 2 + 2 + 2 * 9);
+        // The rows reuse the aggregate's placeholders and are numbered from
+        // the one reservation, the last row with its new last number.
+        assert!(
+            sql.contains(
+                r#"VALUES ($5::uuid, $3::text, (SELECT "id"::text FROM saved), $6::text, $7::jsonb, $8::int, (SELECT last_seq FROM reserved) - 1, $9::text), ($10::uuid, $3::text, (SELECT "id"::text FROM saved), $11::text, $12::jsonb, $13::int, (SELECT last_seq FROM reserved), $14::text)) SELECT"#
+            ),
+            "{sql}"
+        );
+        assert!(!sql.contains("$15"), "{sql}");
+        // The row's 2, the reservation's 2, 5 per event.
+        assert_eq!(statement.values.expect("parameters").0.len(), 2 + 2 + 2 * 5);
     }
 
     #[test]
@@ -652,12 +691,25 @@ mod tests {
             save_and_append_statement(save(DbBackend::Postgres), Some(&["id"]), &events)
                 .expect("one statement");
         // Sorted by aggregate type: Invoice (the row's key), then Order 7.
+        let sql = &statement.sql;
         assert!(
-            statement.sql.contains(
-                r#"VALUES ($3::text, (SELECT "id"::text FROM saved), $4::bigint), ($5::text, $6::text, $7::bigint) ON CONFLICT"#
+            sql.contains(
+                r#"VALUES ($3::text, (SELECT "id"::text FROM saved), $6::bigint), ($4::text, $5::text, $7::bigint) ON CONFLICT"#
             ),
-            "{}",
-            statement.sql
+            "{sql}"
+        );
+        // With several aggregates, each row picks its aggregate's reservation.
+        assert!(
+            sql.contains(
+                r#"(SELECT last_seq FROM reserved WHERE aggregatetype = $4::text AND aggregateid = $5::text)"#
+            ),
+            "{sql}"
+        );
+        assert!(
+            sql.contains(
+                r#"(SELECT last_seq FROM reserved WHERE aggregatetype = $3::text AND aggregateid = (SELECT "id"::text FROM saved))"#
+            ),
+            "{sql}"
         );
         let given_only = [event("Order", Some("7"))];
         assert!(save_and_append_statement(save(DbBackend::Postgres), None, &given_only).is_some());

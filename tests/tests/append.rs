@@ -433,6 +433,7 @@ async fn one_call_numbers_each_aggregate_in_order(backend: Backend) {
     ];
     let mut last: HashMap<&str, i64> = HashMap::new();
     let mut expected: HashMap<String, i64> = HashMap::new();
+    let mut appended_in_order = Vec::new();
     for aggregates in calls {
         let events = aggregates
             .iter()
@@ -448,11 +449,15 @@ async fn one_call_numbers_each_aggregate_in_order(backend: Backend) {
             *next += 1;
             assert_eq!(event.sequence, *next, "aggregate {aggregate}");
             expected.insert(event.id.to_string(), *next);
+            appended_in_order.push(event.id.to_string());
         }
     }
-    let stored: HashMap<String, i64> = t
-        .outbox_rows()
-        .await
+    let rows = t.outbox_rows().await;
+    // The insertion sequence (`seq`, the relay's claim order) follows the
+    // order of the calls and of the events in each.
+    let stored_in_order: Vec<&str> = rows.iter().map(|row| row.id.as_str()).collect();
+    assert_eq!(stored_in_order, appended_in_order);
+    let stored: HashMap<String, i64> = rows
         .into_iter()
         .map(|row| (row.id, row.aggregate_seq.unwrap()))
         .collect();
