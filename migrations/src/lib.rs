@@ -126,6 +126,45 @@ impl MigrationTrait for CreateInbox {
     }
 }
 
+/// PostgreSQL: the `NOTIFY` trigger fires only while a relay waits for new
+/// rows (it holds the wake-up advisory locks the trigger tries), so that
+/// writers pay for no notification while the relay is busy or absent.
+/// Nothing to do on MariaDB/MySQL and SQLite, whose relays poll.
+pub struct NotifyWaitingRelays;
+
+impl MigrationName for NotifyWaitingRelays {
+    fn name(&self) -> &str {
+        "m20261130_000004_notify_waiting_relays"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for NotifyWaitingRelays {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_on_postgres(
+            manager,
+            include_str!("../sql/postgres/0004_notify_waiting_relays.up.sql"),
+        )
+        .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_on_postgres(
+            manager,
+            include_str!("../sql/postgres/0004_notify_waiting_relays.down.sql"),
+        )
+        .await
+    }
+}
+
+/// Runs `script` on PostgreSQL; nothing elsewhere.
+async fn run_on_postgres(manager: &SchemaManager<'_>, script: &str) -> Result<(), DbErr> {
+    if manager.get_database_backend() == DbBackend::Postgres {
+        manager.get_connection().execute_unprepared(script).await?;
+    }
+    Ok(())
+}
+
 /// Every outbox migration, in order, tracked in its own table
 /// (`outbox_migrations`) so that the relay's `migrate` and the
 /// application's own migrator never trip over each other's history. The
@@ -139,6 +178,7 @@ impl MigratorTrait for Migrator {
             Box::new(CreateOutbox),
             Box::new(CreateRelayShards),
             Box::new(CreateInbox),
+            Box::new(NotifyWaitingRelays),
         ]
     }
 

@@ -43,6 +43,8 @@ pub struct TestDb {
     pub db: DatabaseConnection,
     name: String,
     sqlite_dir: Option<PathBuf>,
+    /// A whole PostgreSQL database rather than a schema.
+    own_postgres_database: bool,
 }
 
 impl TestDb {
@@ -86,6 +88,38 @@ impl TestDb {
                 url
             }
         };
+        Self::migrated(backend, url, name, sqlite_dir, false).await
+    }
+
+    /// A PostgreSQL database of its own rather than a schema, for a test of
+    /// what PostgreSQL shares database-wide: notification channels and
+    /// advisory locks, which other tests' relays and writers use too.
+    pub async fn new_postgres_database() -> Self {
+        let backend = Backend::Postgres;
+        let name = format!("outbox_d_{}", uuid::Uuid::now_v7().simple());
+        let admin = connect(&backend.admin_url()).await;
+        admin
+            .execute_unprepared(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create database");
+        admin.close().await.ok();
+        let base = backend.admin_url();
+        let (server, query) = match base.split_once('?') {
+            Some((server, query)) => (server, format!("?{query}")),
+            None => (base.as_str(), String::new()),
+        };
+        let server = server.rsplit_once('/').map_or(server, |(server, _)| server);
+        let url = format!("{server}/{name}{query}");
+        Self::migrated(backend, url, name, None, true).await
+    }
+
+    async fn migrated(
+        backend: Backend,
+        url: String,
+        name: String,
+        sqlite_dir: Option<PathBuf>,
+        own_postgres_database: bool,
+    ) -> Self {
         let db = connect(&url).await;
         Migrator::up(&db, None).await.expect("outbox migrations");
         crate::entities::create_tables(&db).await;
@@ -95,6 +129,7 @@ impl TestDb {
             db,
             name,
             sqlite_dir,
+            own_postgres_database,
         }
     }
 
@@ -161,10 +196,12 @@ impl TestDb {
         match self.backend {
             Backend::Postgres => {
                 let admin = connect(&self.backend.admin_url()).await;
-                admin
-                    .execute_unprepared(&format!("DROP SCHEMA {} CASCADE", self.name))
-                    .await
-                    .ok();
+                let drop = if self.own_postgres_database {
+                    format!("DROP DATABASE {} WITH (FORCE)", self.name)
+                } else {
+                    format!("DROP SCHEMA {} CASCADE", self.name)
+                };
+                admin.execute_unprepared(&drop).await.ok();
                 admin.close().await.ok();
             }
             Backend::MySql => {

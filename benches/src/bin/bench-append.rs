@@ -27,7 +27,11 @@
 //!   number (plain SQL, no reservation);
 //! - the order and the outbox row in one statement without a sequence
 //!   number (the library's statement without the reservation);
-//! - the library on a schema without the `NOTIFY` trigger.
+//! - the library on a schema without the `NOTIFY` trigger;
+//! - the library while a relay waits for rows: a connection holds the
+//!   wake-up advisory locks a waiting relay holds, so every commit
+//!   notifies (the trigger notifies only while a relay waits; in the other
+//!   variants none does, as when every relay is busy).
 //!
 //! PostgreSQL comes from `OUTBOX_TEST_POSTGRES_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`); each run works in schemas of
@@ -45,11 +49,12 @@ use outbox_bench::progress;
 use outbox_bench::report::{self, Machine, Table};
 use outbox_bench::stats::{self, LatencySummary};
 use outbox_core::{ActiveModelOutboxExt, DomainEvent};
+use outbox_relay::source::postgres::{WAKE_LOCK_KEY, WAKE_SLOTS};
 use outbox_tests::events::OrderPlaced;
 use outbox_tests::{Backend, TestDb};
 use sea_orm::{
-    ActiveModelTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, FromQueryResult,
-    QueryTrait, Statement, TransactionTrait,
+    ActiveModelTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend,
+    EntityTrait, FromQueryResult, QueryTrait, Statement, TransactionTrait,
 };
 use serde::Serialize;
 use tokio::task::JoinSet;
@@ -106,16 +111,20 @@ enum Variant {
     /// Diagnostic: the order and its outbox row in one statement, as the
     /// library writes them but without reserving a sequence number.
     OneStatementWithoutSequence,
+    /// Diagnostic: one event through the library while a relay waits for
+    /// rows, so that the trigger notifies at every commit.
+    OneEventRelayWaiting,
 }
 
 impl Variant {
     const MEASURED: [Variant; 3] = [Variant::NoEvents, Variant::OneEvent, Variant::TenEvents];
-    const DIAGNOSTIC: [Variant; 5] = [
+    const DIAGNOSTIC: [Variant; 6] = [
         Variant::InsertThenAppend,
         Variant::EmptyRoundTrip,
         Variant::OutboxInsertOnly,
         Variant::OneStatementWithoutSequence,
         Variant::OneEventWithoutNotify,
+        Variant::OneEventRelayWaiting,
     ];
 
     fn label(self) -> &'static str {
@@ -128,6 +137,7 @@ impl Variant {
             Variant::OneEventWithoutNotify => "diag: 1 event, no NOTIFY trigger",
             Variant::OutboxInsertOnly => "diag: 1 outbox INSERT, no sequence",
             Variant::OneStatementWithoutSequence => "diag: order + outbox row in 1 stmt, no seq",
+            Variant::OneEventRelayWaiting => "diag: 1 event, a relay waiting (notifies)",
         }
     }
 
@@ -152,6 +162,9 @@ struct Databases {
     main: DatabaseConnection,
     /// Outbox without the `NOTIFY` trigger, for the diagnostic variant.
     quiet: Option<DatabaseConnection>,
+    /// One connection that stands for a waiting relay, for the diagnostic
+    /// variant.
+    waiting_relay: Option<DatabaseConnection>,
 }
 
 impl Databases {
@@ -185,7 +198,7 @@ async fn transaction(variant: Variant, databases: &Databases, n: i64) -> anyhow:
         Variant::NoEvents => {
             new_order(n).insert(&txn).await?;
         }
-        Variant::OneEvent | Variant::OneEventWithoutNotify => {
+        Variant::OneEvent | Variant::OneEventWithoutNotify | Variant::OneEventRelayWaiting => {
             new_order(n)
                 .insert_with_events(&txn, order_events(n, 1))
                 .await?;
@@ -299,6 +312,16 @@ async fn run_turn(
     transactions: usize,
     next_order: &Arc<AtomicI64>,
 ) -> anyhow::Result<Turn> {
+    let relay_waits = variant == Variant::OneEventRelayWaiting;
+    if relay_waits {
+        waiting_relay(databases)?
+            .execute_unprepared(&format!(
+                "SELECT pg_advisory_lock_shared({WAKE_LOCK_KEY}, slot) \
+                 FROM generate_series(0, {}) AS slot",
+                WAKE_SLOTS - 1
+            ))
+            .await?;
+    }
     let start = Instant::now();
     let mut tasks = JoinSet::new();
     for writer in 0..writers {
@@ -320,11 +343,25 @@ async fn run_turn(
     while let Some(writer) = tasks.join_next().await {
         latencies.extend(writer??);
     }
+    let elapsed = start.elapsed();
+    if relay_waits {
+        waiting_relay(databases)?
+            .execute_unprepared("SELECT pg_advisory_unlock_all()")
+            .await?;
+    }
     Ok(Turn {
         transactions,
-        elapsed: start.elapsed(),
+        elapsed,
         latencies,
     })
+}
+
+/// The connection that stands for a waiting relay.
+fn waiting_relay(databases: &Databases) -> anyhow::Result<&DatabaseConnection> {
+    databases
+        .waiting_relay
+        .as_ref()
+        .context("the waiting relay's connection exists with diagnostics")
 }
 
 /// Everything measured of one variant at one concurrency.
@@ -586,6 +623,15 @@ async fn main() -> anyhow::Result<()> {
         quiet: match &quiet_schema {
             Some(quiet) => Some(connect(quiet).await),
             None => None,
+        },
+        waiting_relay: if options.no_diagnostics {
+            None
+        } else {
+            let mut one = ConnectOptions::new(main_schema.url.clone());
+            one.max_connections(1)
+                .min_connections(1)
+                .sqlx_logging(false);
+            Some(Database::connect(one).await?)
         },
     });
 

@@ -61,7 +61,9 @@ pub trait Source: Send + Sync {
     }
 
     /// Returns when new rows may be pending: after `timeout` at the latest,
-    /// earlier when the database notifies.
+    /// earlier when the database notifies. The caller claims again after
+    /// each return; a source may return at once so that this claim comes
+    /// after its preparation to wait (PostgreSQL takes its wake-up locks).
     async fn wait_for_rows(&self, timeout: Duration);
 
     /// Deletes at most `limit` rows published more than `older_than` ago;

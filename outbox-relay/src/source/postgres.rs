@@ -1,6 +1,16 @@
 //! PostgreSQL: claims inside a transaction held until the batch is
-//! settled, and wakes on `LISTEN outbox` (the migration's trigger notifies
-//! on every committed insert) with the poll interval as fallback.
+//! settled, and wakes on `LISTEN outbox` with the poll interval as
+//! fallback.
+//!
+//! The migration's trigger notifies only while a relay waits, so that
+//! writers pay for no notification while every relay is busy (or none
+//! runs). A waiting relay holds shared advisory locks on the wake-up slots
+//! ([`WAKE_LOCK_KEY`], 0 to [`WAKE_SLOTS`] - 1); an inserting statement
+//! tries the exclusive lock of one slot, held until its transaction ends,
+//! and notifies when the try fails. Before its last claim, a relay about to
+//! wait takes the slots, which waits for the writers holding them: every
+//! row committed after that claim either comes from a writer the claim
+//! waited for, or was notified.
 //!
 //! With shard ownership (the relay's mode), a claim share-locks this
 //! instance's shard rows, then locks the oldest pending rows of those shards
@@ -27,6 +37,20 @@ use crate::record::OutboxRecord;
 /// The channel the migration's trigger notifies.
 const CHANNEL: &str = "outbox";
 
+/// The first key of the wake-up advisory locks (`outb` in ASCII), as the
+/// migration's trigger uses it.
+pub const WAKE_LOCK_KEY: i32 = 0x6F75_7462;
+
+/// How long a relay about to wait waits for the writers holding wake-up
+/// slots. A transaction that holds one longer (it wrote to the outbox and
+/// has not committed yet) makes the relay poll at this pace until it ends,
+/// rather than leave other writers' rows unpublished meanwhile.
+const MAX_WAIT_FOR_WRITERS: Duration = Duration::from_millis(100);
+
+/// The number of wake-up slots; an inserting transaction tries the slot of
+/// its backend's process id modulo this.
+pub const WAKE_SLOTS: i32 = 64;
+
 const PENDING: &str = "SELECT id::text AS id, aggregatetype, aggregateid, type, \
      payload::text AS payload, event_version, aggregate_seq, traceparent, seq, attempts, \
      EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 AS age_at_claim \
@@ -41,7 +65,7 @@ const SHARD_OF_ROW: &str =
 /// Pending rows of a PostgreSQL database.
 pub struct PostgresSource {
     pool: PgPool,
-    listener: Mutex<Option<PgListener>>,
+    listener: Mutex<Option<Listener>>,
     delete_on_publish: bool,
     sharding: Option<Sharding>,
 }
@@ -171,6 +195,9 @@ impl PostgresSource {
                 }
             }
         };
+        if !records.is_empty() {
+            self.stop_watching().await;
+        }
         Ok(Box::new(PostgresClaim {
             txn,
             records,
@@ -183,10 +210,77 @@ impl PostgresSource {
         }))
     }
 
-    async fn listen(&self) -> Result<PgListener, sqlx::Error> {
-        let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen(CHANNEL).await?;
-        Ok(listener)
+    async fn listen(&self) -> Result<Listener, sqlx::Error> {
+        let mut connection = PgListener::connect_with(&self.pool).await?;
+        connection.listen(CHANNEL).await?;
+        Ok(Listener {
+            connection,
+            watching: false,
+        })
+    }
+
+    /// Releases the wake-up slots once a claim found rows: writers stop
+    /// notifying while the relay is busy. Skipped while the listener is in
+    /// use; the slots are then released after its wait.
+    async fn stop_watching(&self) {
+        let Ok(mut slot) = self.listener.try_lock() else {
+            return;
+        };
+        if let Some(listener) = slot.as_mut().filter(|listener| listener.watching)
+            && let Err(error) = listener.release().await
+        {
+            tracing::warn!(%error, "cannot release the wake-up locks; reconnecting");
+            *slot = None;
+        }
+    }
+}
+
+/// The `LISTEN` connection, which also holds the wake-up slots while the
+/// relay waits.
+struct Listener {
+    connection: PgListener,
+    /// Whether this connection holds every wake-up slot, taken before the
+    /// last claim.
+    watching: bool,
+}
+
+impl Listener {
+    /// Takes every wake-up slot, waiting up to `timeout` for the writers
+    /// that hold one; if a writer holds one longer, takes none (and the
+    /// caller polls).
+    async fn watch(&mut self, timeout: Duration) -> Result<(), sqlx::Error> {
+        // One round trip; the `SET` keeps a writer that never commits from
+        // holding the relay past its poll interval.
+        let sql = format!(
+            "SET lock_timeout = '{}ms'; \
+             SELECT pg_advisory_lock_shared({WAKE_LOCK_KEY}, slot) \
+             FROM generate_series(0, {}) AS slot",
+            timeout.as_millis().max(1),
+            WAKE_SLOTS - 1
+        );
+        match sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&mut self.connection)
+            .await
+        {
+            Ok(_) => {
+                self.watching = true;
+                Ok(())
+            }
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {
+                // Slots taken before the timeout stay held after the error.
+                self.release().await
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Releases the wake-up slots.
+    async fn release(&mut self) -> Result<(), sqlx::Error> {
+        self.watching = false;
+        sqlx::query("SELECT pg_advisory_unlock_all()")
+            .execute(&mut self.connection)
+            .await?;
+        Ok(())
     }
 }
 
@@ -216,6 +310,10 @@ impl Source for PostgresSource {
         self.claim_rows(limit, excluded, in_flight).await.map(Some)
     }
 
+    /// Takes the wake-up slots and returns at once, so that the caller's
+    /// next claim is the last before the wait; once they are held, waits
+    /// for a notification or `timeout`. The slots stay held until a claim
+    /// finds rows.
     async fn wait_for_rows(&self, timeout: Duration) {
         let mut slot = self.listener.lock().await;
         if slot.is_none() {
@@ -229,8 +327,27 @@ impl Source for PostgresSource {
             }
         }
         let listener = slot.as_mut().expect("listener was just set");
-        match tokio::time::timeout(timeout, listener.recv()).await {
-            Ok(Ok(_)) => while listener.next_buffered().is_some() {},
+        if !listener.watching {
+            match listener.watch(timeout.min(MAX_WAIT_FOR_WRITERS)).await {
+                // Either the slots are held and rows of the writers waited
+                // for may be pending, or a writer held a slot for the
+                // whole interval: claim again in both cases.
+                Ok(()) => return,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot take the wake-up locks; reconnecting");
+                    *slot = None;
+                    tokio::time::sleep(timeout).await;
+                    return;
+                }
+            }
+        }
+        match tokio::time::timeout(timeout, listener.connection.try_recv()).await {
+            Ok(Ok(Some(_))) => while listener.connection.next_buffered().is_some() {},
+            Ok(Ok(None)) => {
+                // Reconnected: the slots went with the old connection.
+                tracing::warn!("lost the LISTEN connection; reconnected");
+                listener.watching = false;
+            }
             Ok(Err(error)) => {
                 tracing::warn!(%error, "lost the LISTEN connection; reconnecting");
                 *slot = None;
