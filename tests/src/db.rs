@@ -66,20 +66,7 @@ impl TestDb {
                     &format!("options=-c%20search_path%3D{name}"),
                 )
             }
-            Backend::MySql => {
-                let admin = connect(&backend.admin_url()).await;
-                admin
-                    .execute_unprepared(&format!("CREATE DATABASE {name}"))
-                    .await
-                    .expect("create database");
-                admin.close().await.ok();
-                let base = backend.admin_url();
-                let server = base
-                    .rsplit_once('/')
-                    .map(|(server, _)| server)
-                    .unwrap_or(&base);
-                format!("{server}/{name}")
-            }
+            Backend::MySql => create_database(backend, &name).await,
             Backend::Sqlite => {
                 let dir = std::env::temp_dir().join(&name);
                 std::fs::create_dir_all(&dir).expect("create sqlite dir");
@@ -97,19 +84,7 @@ impl TestDb {
     pub async fn new_postgres_database() -> Self {
         let backend = Backend::Postgres;
         let name = format!("outbox_d_{}", uuid::Uuid::now_v7().simple());
-        let admin = connect(&backend.admin_url()).await;
-        admin
-            .execute_unprepared(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create database");
-        admin.close().await.ok();
-        let base = backend.admin_url();
-        let (server, query) = match base.split_once('?') {
-            Some((server, query)) => (server, format!("?{query}")),
-            None => (base.as_str(), String::new()),
-        };
-        let server = server.rsplit_once('/').map_or(server, |(server, _)| server);
-        let url = format!("{server}/{name}{query}");
+        let url = create_database(backend, &name).await;
         Self::migrated(backend, url, name, None, true).await
     }
 
@@ -133,7 +108,8 @@ impl TestDb {
         }
     }
 
-    /// The database's (on PostgreSQL, the schema's) own name, `outbox_t_<uuid>`.
+    /// The database's (on PostgreSQL, the schema's, unless made by
+    /// [`TestDb::new_postgres_database`]) own name.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -256,6 +232,24 @@ pub async fn connect(url: &str) -> DatabaseConnection {
              and MariaDB servers (see README, \"Running the tests\")"
         ),
     }
+}
+
+/// Creates database `name` on the server of `backend` and returns its URL
+/// (the server's test URL with the database swapped, options kept).
+async fn create_database(backend: Backend, name: &str) -> String {
+    let admin = connect(&backend.admin_url()).await;
+    admin
+        .execute_unprepared(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create database");
+    admin.close().await.ok();
+    let base = backend.admin_url();
+    let (server, query) = match base.split_once('?') {
+        Some((server, query)) => (server, format!("?{query}")),
+        None => (base.as_str(), String::new()),
+    };
+    let server = server.rsplit_once('/').map_or(server, |(server, _)| server);
+    format!("{server}/{name}{query}")
 }
 
 fn with_query(url: &str, query: &str) -> String {
