@@ -105,6 +105,71 @@ async fn writers_notify_only_while_a_relay_waits() {
     t.drop().await;
 }
 
+/// The wake-up slots held in this test's database, as `pg_locks` shows
+/// them: 64 while a relay waits.
+async fn slots_held(t: &TestDb) -> i64 {
+    t.count(
+        "pg_locks WHERE locktype = 'advisory' AND mode = 'ShareLock' \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .await
+}
+
+/// The relay's `LISTEN` connection dies while it waits (a restart, a
+/// network cut, an administrator's `pg_terminate_backend`): its slots go
+/// with it, and the relay takes them again on a new connection before it
+/// waits again, so a later commit still wakes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_listen_connection_is_replaced_with_its_slots() {
+    let t = TestDb::new_postgres_database().await;
+    let source = Arc::new(
+        PostgresSource::connect(&t.url, SourceOptions::default())
+            .await
+            .expect("source"),
+    );
+    let about_to_wait = |source: Arc<PostgresSource>| async move {
+        tokio::time::timeout(PATIENCE, source.wait_for_rows(HOUR))
+            .await
+            .expect("the slots are taken");
+        let claim = source.claim(10, &[]).await.unwrap();
+        assert!(claim.records().is_empty());
+        claim.settle(&Settlement::default()).await.unwrap();
+    };
+    about_to_wait(source.clone()).await;
+    assert_eq!(slots_held(&t).await, 64);
+
+    let waiting = tokio::spawn({
+        let source = source.clone();
+        async move { source.wait_for_rows(HOUR).await }
+    });
+    t.db.execute_unprepared(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
+         AND mode = 'ShareLock' \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("a lost connection ends the wait")
+        .unwrap();
+
+    // As the relay loop does: claim, then wait again.
+    about_to_wait(source.clone()).await;
+    assert_eq!(slots_held(&t).await, 64, "the slots are held again");
+    let waiting = tokio::spawn({
+        let source = source.clone();
+        async move { source.wait_for_rows(HOUR).await }
+    });
+    append_events(&t.db, "after-the-cut", 1).await;
+    tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("the commit notifies the new connection")
+        .unwrap();
+    drop(source);
+    t.drop().await;
+}
+
 /// After `start`, appends one event and commits after `hold`: a writer
 /// whose transaction holds its wake-up slot while the relay, busy with the
 /// rows of the writers before it, starts waiting.

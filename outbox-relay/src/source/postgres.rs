@@ -20,6 +20,7 @@
 //! any pending row with `FOR UPDATE SKIP LOCKED`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -66,6 +67,10 @@ const SHARD_OF_ROW: &str =
 pub struct PostgresSource {
     pool: PgPool,
     listener: Mutex<Option<Listener>>,
+    /// With shards: whether the last claim found this instance owning none
+    /// (a standby), which then polls rather than hold the wake-up slots
+    /// and make every writer notify it.
+    owns_no_shard: AtomicBool,
     delete_on_publish: bool,
     sharding: Option<Sharding>,
 }
@@ -96,6 +101,7 @@ impl PostgresSource {
         let mut source = Self {
             pool: pool.clone(),
             listener: Mutex::new(None),
+            owns_no_shard: AtomicBool::new(false),
             delete_on_publish: options.delete_on_publish,
             sharding: None,
         };
@@ -172,6 +178,8 @@ impl PostgresSource {
                 .execute(&mut *txn)
                 .await?;
                 let owned = owned_shards(&mut txn, &sharding.config.instance, true).await?;
+                self.owns_no_shard
+                    .store(owned.is_empty(), Ordering::Relaxed);
                 if owned.is_empty() {
                     (Vec::new(), owned)
                 } else {
@@ -211,7 +219,16 @@ impl PostgresSource {
     }
 
     async fn listen(&self) -> Result<Listener, sqlx::Error> {
-        let mut connection = PgListener::connect_with(&self.pool).await?;
+        // A connection of its own, outside the claims' pool: the session
+        // locks it may hold go with it when it is dropped, never to a claim.
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with((*self.pool.connect_options()).clone())
+            .await?;
+        let mut connection = PgListener::connect_with(&own).await?;
+        // A lost connection is reported at once, not replaced behind the
+        // relay's back by one holding no slots.
+        connection.eager_reconnect(false);
         connection.listen(CHANNEL).await?;
         Ok(Listener {
             connection,
@@ -221,7 +238,8 @@ impl PostgresSource {
 
     /// Releases the wake-up slots once a claim found rows: writers stop
     /// notifying while the relay is busy. Skipped while the listener is in
-    /// use; the slots are then released after its wait.
+    /// use (the relay loop never claims during its wait): the slots then
+    /// stay held, which costs writers notifications, not correctness.
     async fn stop_watching(&self) {
         let Ok(mut slot) = self.listener.try_lock() else {
             return;
@@ -245,32 +263,37 @@ struct Listener {
 }
 
 impl Listener {
-    /// Takes every wake-up slot, waiting up to `timeout` for the writers
-    /// that hold one; if a writer holds one longer, takes none (and the
+    /// Takes every wake-up slot, waiting up to `timeout` in all for the
+    /// writers that hold one; if they hold them longer, takes none (and the
     /// caller polls).
     async fn watch(&mut self, timeout: Duration) -> Result<(), sqlx::Error> {
-        // One round trip; the `SET` keeps a writer that never commits from
-        // holding the relay past its poll interval.
+        // One round trip, in one implicit transaction, so the timeout
+        // applies to this statement only.
         let sql = format!(
-            "SET lock_timeout = '{}ms'; \
+            "SET LOCAL statement_timeout = '{}ms'; \
              SELECT pg_advisory_lock_shared({WAKE_LOCK_KEY}, slot) \
              FROM generate_series(0, {}) AS slot",
             timeout.as_millis().max(1),
             WAKE_SLOTS - 1
         );
-        match sqlx::raw_sql(AssertSqlSafe(sql))
+        let taken = sqlx::raw_sql(AssertSqlSafe(sql))
             .execute(&mut self.connection)
-            .await
-        {
+            .await;
+        match taken {
             Ok(_) => {
                 self.watching = true;
                 Ok(())
             }
-            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {
-                // Slots taken before the timeout stay held after the error.
+            // Session locks taken before an error stay held: release them.
+            Err(sqlx::Error::Database(error))
+                if matches!(error.code().as_deref(), Some("57014" | "55P03")) =>
+            {
                 self.release().await
             }
-            Err(error) => Err(error),
+            Err(error) => {
+                self.release().await.ok();
+                Err(error)
+            }
         }
     }
 
@@ -327,6 +350,14 @@ impl Source for PostgresSource {
             }
         }
         let listener = slot.as_mut().expect("listener was just set");
+        if self.owns_no_shard.load(Ordering::Relaxed) {
+            // A standby: nothing to claim until it owns a shard.
+            if listener.watching && listener.release().await.is_err() {
+                *slot = None;
+            }
+            tokio::time::sleep(timeout).await;
+            return;
+        }
         if !listener.watching {
             match listener.watch(timeout.min(MAX_WAIT_FOR_WRITERS)).await {
                 // Either the slots are held and rows of the writers waited
@@ -344,9 +375,10 @@ impl Source for PostgresSource {
         match tokio::time::timeout(timeout, listener.connection.try_recv()).await {
             Ok(Ok(Some(_))) => while listener.connection.next_buffered().is_some() {},
             Ok(Ok(None)) => {
-                // Reconnected: the slots went with the old connection.
-                tracing::warn!("lost the LISTEN connection; reconnected");
-                listener.watching = false;
+                // The slots went with the connection: listen and take them
+                // again on a new one next time.
+                tracing::warn!("lost the LISTEN connection; reconnecting");
+                *slot = None;
             }
             Ok(Err(error)) => {
                 tracing::warn!(%error, "lost the LISTEN connection; reconnecting");
