@@ -56,24 +56,10 @@ async fn writers_notify_only_while_a_relay_waits() {
     );
     t.db.execute_unprepared("DELETE FROM outbox").await.unwrap();
 
-    let source = Arc::new(
-        PostgresSource::connect(&t.url, SourceOptions::default())
-            .await
-            .expect("source"),
-    );
-    // About to wait: the relay takes the wake-up slots and returns at once
-    // for its last claim, which finds nothing.
-    tokio::time::timeout(PATIENCE, source.wait_for_rows(HOUR))
-        .await
-        .expect("the first call returns once the slots are held");
-    let claim = source.claim(10, &[]).await.unwrap();
-    assert!(claim.records().is_empty());
-    claim.settle(&Settlement::default()).await.unwrap();
+    let source = source(&t).await;
+    about_to_wait(&source).await;
 
-    let waiting = tokio::spawn({
-        let source = source.clone();
-        async move { source.wait_for_rows(HOUR).await }
-    });
+    let waiting = wait_in_background(&source);
     append_events(&t.db, "relay-waits", 1).await;
     assert!(
         notified(&mut observer).await,
@@ -105,6 +91,34 @@ async fn writers_notify_only_while_a_relay_waits() {
     t.drop().await;
 }
 
+/// The relay's source for the test's database, with a one-hour poll
+/// interval in the calls below: only notifications end its waits.
+async fn source(t: &TestDb) -> Arc<PostgresSource> {
+    Arc::new(
+        PostgresSource::connect(&t.url, SourceOptions::default())
+            .await
+            .expect("source"),
+    )
+}
+
+/// What the relay does when it is about to wait: it takes the wake-up
+/// slots (the first call returns at once) and claims once more, finding
+/// nothing.
+async fn about_to_wait(source: &PostgresSource) {
+    tokio::time::timeout(PATIENCE, source.wait_for_rows(HOUR))
+        .await
+        .expect("the first call returns once the slots are held");
+    let claim = source.claim(10, &[]).await.unwrap();
+    assert!(claim.records().is_empty());
+    claim.settle(&Settlement::default()).await.unwrap();
+}
+
+/// The relay's wait for rows, which ends on a notification.
+fn wait_in_background(source: &Arc<PostgresSource>) -> tokio::task::JoinHandle<()> {
+    let source = source.clone();
+    tokio::spawn(async move { source.wait_for_rows(HOUR).await })
+}
+
 /// The wake-up slots held in this test's database, as `pg_locks` shows
 /// them: 64 while a relay waits.
 async fn slots_held(t: &TestDb) -> i64 {
@@ -122,26 +136,11 @@ async fn slots_held(t: &TestDb) -> i64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_listen_connection_is_replaced_with_its_slots() {
     let t = TestDb::new_postgres_database().await;
-    let source = Arc::new(
-        PostgresSource::connect(&t.url, SourceOptions::default())
-            .await
-            .expect("source"),
-    );
-    let about_to_wait = |source: Arc<PostgresSource>| async move {
-        tokio::time::timeout(PATIENCE, source.wait_for_rows(HOUR))
-            .await
-            .expect("the slots are taken");
-        let claim = source.claim(10, &[]).await.unwrap();
-        assert!(claim.records().is_empty());
-        claim.settle(&Settlement::default()).await.unwrap();
-    };
-    about_to_wait(source.clone()).await;
+    let source = source(&t).await;
+    about_to_wait(&source).await;
     assert_eq!(slots_held(&t).await, 64);
 
-    let waiting = tokio::spawn({
-        let source = source.clone();
-        async move { source.wait_for_rows(HOUR).await }
-    });
+    let waiting = wait_in_background(&source);
     t.db.execute_unprepared(
         "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' \
          AND mode = 'ShareLock' \
@@ -155,12 +154,9 @@ async fn a_lost_listen_connection_is_replaced_with_its_slots() {
         .unwrap();
 
     // As the relay loop does: claim, then wait again.
-    about_to_wait(source.clone()).await;
+    about_to_wait(&source).await;
     assert_eq!(slots_held(&t).await, 64, "the slots are held again");
-    let waiting = tokio::spawn({
-        let source = source.clone();
-        async move { source.wait_for_rows(HOUR).await }
-    });
+    let waiting = wait_in_background(&source);
     append_events(&t.db, "after-the-cut", 1).await;
     tokio::time::timeout(PATIENCE, waiting)
         .await

@@ -55,12 +55,9 @@ impl TestDb {
         let mut sqlite_dir = None;
         let url = match backend {
             Backend::Postgres => {
-                let admin = connect(&backend.admin_url()).await;
-                admin
-                    .execute_unprepared(&format!("CREATE SCHEMA {name}"))
+                on_server(backend, &format!("CREATE SCHEMA {name}"))
                     .await
                     .expect("create schema");
-                admin.close().await.ok();
                 with_query(
                     &backend.admin_url(),
                     &format!("options=-c%20search_path%3D{name}"),
@@ -171,22 +168,17 @@ impl TestDb {
         self.db.close().await.ok();
         match self.backend {
             Backend::Postgres => {
-                let admin = connect(&self.backend.admin_url()).await;
                 let drop = if self.own_postgres_database {
                     format!("DROP DATABASE {} WITH (FORCE)", self.name)
                 } else {
                     format!("DROP SCHEMA {} CASCADE", self.name)
                 };
-                admin.execute_unprepared(&drop).await.ok();
-                admin.close().await.ok();
+                on_server(self.backend, &drop).await.ok();
             }
             Backend::MySql => {
-                let admin = connect(&self.backend.admin_url()).await;
-                admin
-                    .execute_unprepared(&format!("DROP DATABASE {}", self.name))
+                on_server(self.backend, &format!("DROP DATABASE {}", self.name))
                     .await
                     .ok();
-                admin.close().await.ok();
             }
             Backend::Sqlite => {
                 if let Some(dir) = self.sqlite_dir {
@@ -237,12 +229,9 @@ pub async fn connect(url: &str) -> DatabaseConnection {
 /// Creates database `name` on the server of `backend` and returns its URL
 /// (the server's test URL with the database swapped, options kept).
 async fn create_database(backend: Backend, name: &str) -> String {
-    let admin = connect(&backend.admin_url()).await;
-    admin
-        .execute_unprepared(&format!("CREATE DATABASE {name}"))
+    on_server(backend, &format!("CREATE DATABASE {name}"))
         .await
         .expect("create database");
-    admin.close().await.ok();
     let base = backend.admin_url();
     let (server, query) = match base.split_once('?') {
         Some((server, query)) => (server, format!("?{query}")),
@@ -250,6 +239,15 @@ async fn create_database(backend: Backend, name: &str) -> String {
     };
     let server = server.rsplit_once('/').map_or(server, |(server, _)| server);
     format!("{server}/{name}{query}")
+}
+
+/// Runs `sql` on the shared test database of `backend`'s server, on a
+/// connection of its own.
+async fn on_server(backend: Backend, sql: &str) -> Result<(), sea_orm::DbErr> {
+    let admin = connect(&backend.admin_url()).await;
+    let done = admin.execute_unprepared(sql).await.map(drop);
+    admin.close().await.ok();
+    done
 }
 
 fn with_query(url: &str, query: &str) -> String {

@@ -49,7 +49,7 @@ use outbox_bench::progress;
 use outbox_bench::report::{self, Machine, Table};
 use outbox_bench::stats::{self, LatencySummary};
 use outbox_core::{ActiveModelOutboxExt, DomainEvent};
-use outbox_relay::source::postgres::{WAKE_LOCK_KEY, WAKE_SLOTS};
+use outbox_relay::source::postgres::take_wake_slots_sql;
 use outbox_tests::events::OrderPlaced;
 use outbox_tests::{Backend, TestDb};
 use sea_orm::{
@@ -315,11 +315,7 @@ async fn run_turn(
     let relay_waits = variant == Variant::OneEventRelayWaiting;
     if relay_waits {
         waiting_relay(databases)?
-            .execute_unprepared(&format!(
-                "SELECT pg_advisory_lock_shared({WAKE_LOCK_KEY}, slot) \
-                 FROM generate_series(0, {}) AS slot",
-                WAKE_SLOTS - 1
-            ))
+            .execute_unprepared(&take_wake_slots_sql())
             .await?;
     }
     let start = Instant::now();

@@ -52,6 +52,16 @@ const MAX_WAIT_FOR_WRITERS: Duration = Duration::from_millis(100);
 /// its backend's process id modulo this.
 pub const WAKE_SLOTS: i32 = 64;
 
+/// The statement with which a waiting relay takes every wake-up slot
+/// (shared session locks; `pg_advisory_unlock_all()` releases them).
+pub fn take_wake_slots_sql() -> String {
+    format!(
+        "SELECT pg_advisory_lock_shared({WAKE_LOCK_KEY}, slot) \
+         FROM generate_series(0, {}) AS slot",
+        WAKE_SLOTS - 1
+    )
+}
+
 const PENDING: &str = "SELECT id::text AS id, aggregatetype, aggregateid, type, \
      payload::text AS payload, event_version, aggregate_seq, traceparent, seq, attempts, \
      EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 AS age_at_claim \
@@ -270,11 +280,9 @@ impl Listener {
         // One round trip, in one implicit transaction, so the timeout
         // applies to this statement only.
         let sql = format!(
-            "SET LOCAL statement_timeout = '{}ms'; \
-             SELECT pg_advisory_lock_shared({WAKE_LOCK_KEY}, slot) \
-             FROM generate_series(0, {}) AS slot",
+            "SET LOCAL statement_timeout = '{}ms'; {}",
             timeout.as_millis().max(1),
-            WAKE_SLOTS - 1
+            take_wake_slots_sql()
         );
         let taken = sqlx::raw_sql(AssertSqlSafe(sql))
             .execute(&mut self.connection)
