@@ -157,6 +157,28 @@ impl MigrationTrait for NotifyWaitingRelays {
     }
 }
 
+/// The index through which the relay claims each aggregate's pending rows
+/// in `aggregate_seq` order, so concurrent writers of one aggregate never
+/// see its events published out of order.
+pub struct ClaimInAggregateOrder;
+
+impl MigrationName for ClaimInAggregateOrder {
+    fn name(&self) -> &str {
+        "m20261201_000005_claim_in_aggregate_order"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for ClaimInAggregateOrder {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run(manager, &sql_files!("0005_claim_in_aggregate_order.up.sql")).await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run(manager, &sql_files!("0005_claim_in_aggregate_order.down.sql")).await
+    }
+}
+
 /// Runs `script` on PostgreSQL; nothing elsewhere.
 async fn run_on_postgres(manager: &SchemaManager<'_>, script: &str) -> Result<(), DbErr> {
     if manager.get_database_backend() == DbBackend::Postgres {
@@ -179,6 +201,7 @@ impl MigratorTrait for Migrator {
             Box::new(CreateRelayShards),
             Box::new(CreateInbox),
             Box::new(NotifyWaitingRelays),
+            Box::new(ClaimInAggregateOrder),
         ]
     }
 
