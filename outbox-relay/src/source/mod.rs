@@ -2,13 +2,14 @@
 //!
 //! One implementation per database ([`postgres`], [`mysql`], [`sqlite`]),
 //! chosen from the URL's scheme by [`connect`]. A [`Claim`] is a batch of
-//! pending rows in insertion order; on PostgreSQL and MariaDB/MySQL it holds
+//! pending rows, each aggregate's in sequence order (`runs`); on PostgreSQL and MariaDB/MySQL it holds
 //! the rows locked (`FOR UPDATE SKIP LOCKED`) in an open transaction until
 //! [`Claim::settle`] marks them and commits, so a crash at any point leaves
 //! them pending and nothing is lost.
 
 pub mod mysql;
 pub mod postgres;
+mod runs;
 pub mod shards;
 pub mod sqlite;
 
@@ -18,6 +19,7 @@ use async_trait::async_trait;
 
 use crate::record::OutboxRecord;
 use crate::redact::redact_url;
+pub(crate) use runs::{RunRow, unbroken_runs};
 
 /// How rows are claimed and settled.
 #[derive(Debug, Clone, Default)]
@@ -36,8 +38,11 @@ pub trait Source: Send + Sync {
     /// Fails with [`SourceError::MissingTable`] when the outbox table is absent.
     async fn check_table(&self) -> Result<(), SourceError>;
 
-    /// Claims up to `limit` pending rows, oldest first, skipping every row
-    /// of the `excluded` aggregates. An empty claim is fine and must still be
+    /// Claims up to `limit` pending rows, skipping every row of the
+    /// `excluded` aggregates: the aggregates of the oldest pending rows,
+    /// each with its earliest pending rows in `aggregate_seq` order (see
+    /// `source/runs.rs`), so no event of an aggregate is claimed while an
+    /// earlier one is pending outside the claim. An empty claim is fine and must still be
     /// settled or dropped.
     async fn claim(
         &self,
@@ -114,7 +119,7 @@ impl AggregateKey {
 /// A batch of claimed rows, waiting to be settled.
 #[async_trait]
 pub trait Claim: Send {
-    /// The claimed rows, in insertion order.
+    /// The claimed rows, in claim order: each aggregate's in sequence order.
     fn records(&self) -> &[OutboxRecord];
 
     /// Whether this instance still owns the claimed rows' shards, as far as

@@ -2,15 +2,17 @@
 //! locks, so the application's inserts never wait for the relay) held until
 //! the batch is settled; polls for new rows.
 //!
-//! With shard ownership (the relay's mode), a claim share-locks this
-//! instance's shard rows, reads the oldest pending ids of those shards
-//! without locking, then locks exactly those rows by primary key, waiting
-//! (up to the lock wait timeout) for rows a previous owner still holds
-//! rather than skipping them. InnoDB locks every record a locking scan
-//! passes, so a single locking scan filtered by shard would wait on other
-//! instances' rows. Without shards, a claim takes any pending row with
-//! `FOR UPDATE SKIP LOCKED`.
+//! A claim takes each aggregate's rows in `aggregate_seq` order (see
+//! `source/runs.rs`): it reads the chosen ids without locking, then locks
+//! exactly those rows by primary key. InnoDB locks every record a locking
+//! scan passes, so a single locking scan filtered by shard would wait on
+//! other instances' rows. With shard ownership (the relay's mode), the
+//! claim share-locks this instance's shard rows first and waits (up to the
+//! lock wait timeout) for rows a previous owner still holds rather than
+//! skipping them. Without shards, rows another claim holds are skipped
+//! (`FOR UPDATE SKIP LOCKED`) and an aggregate's run is cut there.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +20,12 @@ use async_trait::async_trait;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, MySql, Row, Transaction};
 
+use super::runs::{Head, head_sql, in_claim_order, runs_sql};
 use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
 use super::{
-    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
-    SourceOptions, Status, owners_or_none, question_mark_pairs, question_marks, redrive_filter,
+    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, RunRow, Settlement, Source,
+    SourceError, SourceOptions, Status, owners_or_none, question_mark_pairs, question_marks,
+    redrive_filter,
 };
 use crate::record::OutboxRecord;
 
@@ -135,52 +139,41 @@ impl Source for MySqlSource {
         let mut txn = self.pool.begin().await?;
         let (records, owned) = match &self.sharding {
             None => {
-                let sql = format!(
-                    "SELECT {COLUMNS} FROM outbox WHERE {PENDING}{exclusion} \
-                     ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED"
-                );
-                let mut query = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql));
-                for key in excluded {
-                    query = query.bind(&key.aggregate_type).bind(&key.aggregate_id);
-                }
-                (
-                    query.bind(limit as u64).fetch_all(&mut *txn).await?,
-                    Vec::new(),
+                // Rows another claim holds are skipped; a run that loses a
+                // row that way is cut there by `in_claim_order`.
+                let records = claim_runs(
+                    &mut txn,
+                    &exclusion,
+                    excluded,
+                    &[],
+                    0,
+                    limit,
+                    " SKIP LOCKED",
                 )
+                .await?;
+                (records, Vec::new())
             }
             Some(sharding) => {
                 let owned = owned_shards(&mut txn, &sharding.config.instance, true).await?;
                 if owned.is_empty() {
                     (Vec::new(), owned)
                 } else {
-                    let sql = format!(
-                        "SELECT id FROM outbox WHERE {PENDING}{exclusion} \
-                         AND {SHARD_OF_ROW} IN ({}) ORDER BY seq LIMIT ?",
+                    let filter = format!(
+                        "{exclusion} AND {SHARD_OF_ROW} IN ({})",
                         question_marks(owned.len())
                     );
-                    let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql));
-                    for key in excluded {
-                        query = query.bind(&key.aggregate_type).bind(&key.aggregate_id);
-                    }
-                    query = query.bind(sharding.config.count);
-                    for (shard, _) in &owned {
-                        query = query.bind(shard);
-                    }
-                    let candidates = query.bind(limit as u64).fetch_all(&mut *txn).await?;
-                    if candidates.is_empty() {
-                        (Vec::new(), owned)
-                    } else {
-                        let sql = format!(
-                            "SELECT {COLUMNS} FROM outbox WHERE id IN ({}) AND {PENDING} \
-                             ORDER BY seq FOR UPDATE",
-                            question_marks(candidates.len())
-                        );
-                        let mut query = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql));
-                        for id in &candidates {
-                            query = query.bind(id);
-                        }
-                        (query.fetch_all(&mut *txn).await?, owned)
-                    }
+                    let shards: Vec<i64> = owned.iter().map(|(shard, _)| *shard).collect();
+                    let records = claim_runs(
+                        &mut txn,
+                        &filter,
+                        excluded,
+                        &shards,
+                        sharding.config.count,
+                        limit,
+                        "",
+                    )
+                    .await?;
+                    (records, owned)
                 }
             }
         };
@@ -292,6 +285,71 @@ impl Source for MySqlSource {
         }
         Ok(query.execute(&self.pool).await?.rows_affected())
     }
+}
+
+/// Claims up to `limit` rows in aggregate order (see `source/runs.rs`):
+/// reads the aggregates of the oldest pending rows passing `filter` (its
+/// parameters: the `excluded` pairs, then the shard count and `shards` when
+/// sharded), then their runs, without locking; then locks exactly those
+/// rows by primary key (`lock` appended to `FOR UPDATE`). InnoDB locks
+/// every record a locking scan passes, so a locking scan filtered by shard
+/// would wait on other instances' rows.
+async fn claim_runs(
+    txn: &mut Transaction<'static, MySql>,
+    filter: &str,
+    excluded: &[AggregateKey],
+    shards: &[i64],
+    shard_count: u32,
+    limit: usize,
+    lock: &str,
+) -> Result<Vec<OutboxRecord>, SourceError> {
+    let head_sql = head_sql(filter);
+    let mut query = sqlx::query_as::<_, Head>(AssertSqlSafe(head_sql));
+    for key in excluded {
+        query = query.bind(&key.aggregate_type).bind(&key.aggregate_id);
+    }
+    if !shards.is_empty() {
+        query = query.bind(shard_count);
+        for shard in shards {
+            query = query.bind(shard);
+        }
+    }
+    let heads = query.bind(limit as u64).fetch_all(&mut **txn).await?;
+    if heads.is_empty() {
+        return Ok(Vec::new());
+    }
+
+    let runs_sql = runs_sql("id", heads.len());
+    let mut query = sqlx::query_as::<_, (String, i64)>(AssertSqlSafe(runs_sql));
+    for head in &heads {
+        query = query
+            .bind(&head.aggregatetype)
+            .bind(&head.aggregateid)
+            .bind(head.n);
+    }
+    let positions: HashMap<String, i64> = query.fetch_all(&mut **txn).await?.into_iter().collect();
+    if positions.is_empty() {
+        return Ok(Vec::new());
+    }
+
+    let lock_sql = format!(
+        "SELECT {COLUMNS} FROM outbox WHERE id IN ({}) AND {PENDING} FOR UPDATE{lock}",
+        question_marks(positions.len())
+    );
+    let mut query = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(lock_sql));
+    for id in positions.keys() {
+        query = query.bind(id);
+    }
+    let rows = query
+        .fetch_all(&mut **txn)
+        .await?
+        .into_iter()
+        .map(|record| RunRow {
+            run_position: positions[&record.id],
+            record,
+        })
+        .collect();
+    Ok(in_claim_order(&heads, rows))
 }
 
 async fn dead_letters(pool: &MySqlPool) -> Result<Vec<DeadLetter>, SourceError> {

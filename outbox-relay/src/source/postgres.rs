@@ -12,12 +12,14 @@
 //! row committed after that claim either comes from a writer the claim
 //! waited for, or was notified.
 //!
-//! With shard ownership (the relay's mode), a claim share-locks this
-//! instance's shard rows, then locks the oldest pending rows of those shards
-//! with a plain `FOR UPDATE`: waiting (up to a lock timeout) for rows a
-//! previous owner still holds, never skipping them, since skipping would let
-//! a later event of the same aggregate overtake. Without it, a claim takes
-//! any pending row with `FOR UPDATE SKIP LOCKED`.
+//! A claim is one statement that takes each aggregate's rows in
+//! `aggregate_seq` order (see `source/runs.rs`). With shard ownership (the
+//! relay's mode), it share-locks this instance's shard rows, then locks the
+//! chosen rows of those shards with a plain `FOR UPDATE`: waiting (up to a
+//! lock timeout) for rows a previous owner still holds, never skipping
+//! them, since skipping would let a later event of the same aggregate
+//! overtake. Without it, a claim takes pending rows with `FOR UPDATE SKIP
+//! LOCKED`, and an aggregate whose run lost a row that way is cut there.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,8 +32,8 @@ use tokio::sync::Mutex;
 
 use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
 use super::{
-    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
-    SourceOptions, Status, owners_or_none, redrive_filter,
+    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, RunRow, Settlement, Source,
+    SourceError, SourceOptions, Status, owners_or_none, redrive_filter, unbroken_runs,
 };
 use crate::record::OutboxRecord;
 
@@ -62,12 +64,65 @@ pub fn take_wake_slots_sql() -> String {
     )
 }
 
-const PENDING: &str = "SELECT id::text AS id, aggregatetype, aggregateid, type, \
+/// The columns of a claimed row (the id as `uuid`, converted at the end).
+const CLAIMED_COLUMNS: &str = "id, aggregatetype, aggregateid, type, \
      payload::text AS payload, event_version, aggregate_seq, traceparent, seq, attempts, \
-     EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 AS age_at_claim \
-     FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
-     AND (aggregatetype, aggregateid) NOT IN \
-       (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i))";
+     EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 AS age_at_claim";
+
+/// A pending row of `table` (an alias of `outbox`).
+fn pending(table: &str) -> String {
+    format!("{table}.published_at IS NULL AND {table}.dead_lettered_at IS NULL")
+}
+
+/// The claim statement: up to `$1` rows, each aggregate's in `aggregate_seq`
+/// order (see `source/runs.rs`).
+///
+/// `head`: the oldest pending rows by `seq` (the pending index), leaving
+/// out the excluded aggregates `$2`/`$3`, `filter` and the rows in flight;
+/// `chosen`: for each of their aggregates, as many of its earliest pending
+/// rows (the aggregate index), numbered; `claimed`: those rows locked,
+/// fetched by primary key whatever the statistics say; then the batch in
+/// claim order, each row with its `run_position` for [`unbroken_runs`].
+fn claim_sql(filter: &str, in_flight: Option<usize>, lock: &str) -> String {
+    let not_in_flight = |table: &str| match in_flight {
+        // An anti-join: a generic plan of `seq <> ALL($n)` compares every
+        // scanned row with every element.
+        Some(n) => format!(
+            " AND NOT EXISTS (SELECT 1 FROM unnest(${n}::bigint[]) AS in_flight(seq) \
+             WHERE in_flight.seq = {table}.seq)"
+        ),
+        None => String::new(),
+    };
+    format!(
+        "WITH head AS (\
+           SELECT aggregatetype, aggregateid, min(seq) AS first_seq, count(*) AS n FROM (\
+             SELECT aggregatetype, aggregateid, seq FROM outbox WHERE {pending_outbox} \
+             AND (aggregatetype, aggregateid) NOT IN \
+               (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i)){filter}{outbox_not_in_flight} \
+             ORDER BY seq LIMIT $1) AS oldest \
+           GROUP BY aggregatetype, aggregateid), \
+         chosen AS (\
+           SELECT run.id, head.first_seq, run.run_position FROM head CROSS JOIN LATERAL (\
+             SELECT later.id, row_number() OVER \
+               (ORDER BY later.aggregate_seq NULLS FIRST, later.seq) AS run_position \
+             FROM outbox AS later \
+             WHERE later.aggregatetype = head.aggregatetype AND later.aggregateid = head.aggregateid \
+             AND {pending_later}{later_not_in_flight} \
+             ORDER BY later.aggregate_seq NULLS FIRST, later.seq LIMIT head.n) AS run), \
+         claimed AS (\
+           SELECT {CLAIMED_COLUMNS} FROM outbox \
+           WHERE outbox.id = ANY(ARRAY(SELECT id FROM chosen)) AND {pending_outbox} \
+           FOR UPDATE{lock}) \
+         SELECT claimed.id::text AS id, aggregatetype, aggregateid, type, payload, event_version, \
+           aggregate_seq, traceparent, seq, attempts, age_at_claim, chosen.run_position \
+         FROM claimed JOIN chosen ON claimed.id = chosen.id \
+         ORDER BY chosen.first_seq, chosen.run_position",
+        pending_outbox = pending("outbox"),
+        pending_later = pending("later"),
+        outbox_not_in_flight = not_in_flight("outbox"),
+        later_not_in_flight = not_in_flight("later"),
+    )
+}
 
 /// The shard of a row: a stable hash of its aggregate.
 const SHARD_OF_ROW: &str =
@@ -160,13 +215,10 @@ impl PostgresSource {
             .map(|key| key.aggregate_id.as_str())
             .collect();
         let mut txn = self.pool.begin().await?;
-        let (records, owned) = match &self.sharding {
+        let (rows, owned) = match &self.sharding {
             None => {
-                let sql = format!(
-                    "{PENDING}{} ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED",
-                    not_in_flight(in_flight, 4)
-                );
-                let mut query = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql))
+                let sql = claim_sql("", (!in_flight.is_empty()).then_some(4), " SKIP LOCKED");
+                let mut query = sqlx::query_as::<_, RunRow>(AssertSqlSafe(sql))
                     .bind(limit as i64)
                     .bind(&types)
                     .bind(&ids);
@@ -194,12 +246,12 @@ impl PostgresSource {
                     (Vec::new(), owned)
                 } else {
                     let shards: Vec<i64> = owned.iter().map(|(shard, _)| *shard).collect();
-                    let sql = format!(
-                        "{PENDING} AND {SHARD_OF_ROW} = ANY($5::bigint[]){} \
-                         ORDER BY seq LIMIT $1 FOR UPDATE",
-                        not_in_flight(in_flight, 6)
+                    let sql = claim_sql(
+                        &format!(" AND {SHARD_OF_ROW} = ANY($5::bigint[])"),
+                        (!in_flight.is_empty()).then_some(6),
+                        "",
                     );
-                    let mut query = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql))
+                    let mut query = sqlx::query_as::<_, RunRow>(AssertSqlSafe(sql))
                         .bind(limit as i64)
                         .bind(&types)
                         .bind(&ids)
@@ -213,6 +265,7 @@ impl PostgresSource {
                 }
             }
         };
+        let records = unbroken_runs(rows);
         if !records.is_empty() {
             self.stop_watching().await;
         }
@@ -488,21 +541,6 @@ impl Source for PostgresSource {
     }
 }
 
-/// The filter leaving out rows of another open claim, bound as parameter
-/// `$n`; empty when there are none.
-fn not_in_flight(in_flight: &[i64], n: usize) -> String {
-    if in_flight.is_empty() {
-        String::new()
-    } else {
-        // An anti-join: a generic plan of `seq <> ALL($n)` compares every
-        // scanned row with every element.
-        format!(
-            " AND NOT EXISTS (SELECT 1 FROM unnest(${n}::bigint[]) AS in_flight(seq) \
-             WHERE in_flight.seq = outbox.seq)"
-        )
-    }
-}
-
 async fn dead_letters(pool: &PgPool) -> Result<Vec<DeadLetter>, SourceError> {
     Ok(sqlx::query_as(
         "SELECT id::text AS id, aggregatetype, aggregateid, type, attempts, last_error FROM outbox \
@@ -727,5 +765,23 @@ impl ShardStore for PgShardStore {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::claim_sql;
+
+    #[test]
+    fn claims_leave_out_rows_in_flight_in_both_steps() {
+        let sql = claim_sql("", Some(4), " SKIP LOCKED");
+        assert_eq!(sql.matches("unnest($4::bigint[])").count(), 2, "{sql}");
+        assert!(sql.contains("FOR UPDATE SKIP LOCKED)"), "{sql}");
+        let sql = claim_sql(" AND shard_filter", None, "");
+        assert!(!sql.contains("in_flight"), "{sql}");
+        assert!(
+            sql.contains("AND shard_filter ORDER BY seq LIMIT $1"),
+            "{sql}"
+        );
     }
 }

@@ -10,14 +10,20 @@ use async_trait::async_trait;
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
+use super::runs::{Head, head_sql, in_claim_order, runs_sql};
 use super::{
-    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
-    SourceOptions, Status, question_mark_pairs, question_marks, redrive_filter,
+    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, RunRow, Settlement, Source,
+    SourceError, SourceOptions, Status, question_mark_pairs, question_marks, redrive_filter,
 };
 use crate::record::OutboxRecord;
 
 /// SQLite's `now` in the format of the table's `created_at` default.
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+/// The columns of a claimed row, as [`OutboxRecord`] reads them.
+const COLUMNS: &str = "id, aggregatetype, aggregateid, type, payload, event_version, \
+     aggregate_seq, traceparent, seq, attempts, \
+     (julianday('now') - julianday(created_at)) * 86400.0 AS age_at_claim";
 
 /// Rows per statement, far below SQLite's bind-parameter limit.
 const CHUNK: usize = 500;
@@ -66,18 +72,24 @@ impl Source for SqliteSource {
                 question_mark_pairs(excluded.len())
             )
         };
-        let sql = format!(
-            "SELECT id, aggregatetype, aggregateid, type, payload, event_version, \
-             aggregate_seq, traceparent, seq, attempts, \
-             (julianday('now') - julianday(created_at)) * 86400.0 AS age_at_claim FROM outbox \
-             WHERE published_at IS NULL AND dead_lettered_at IS NULL{exclusion} \
-             ORDER BY seq LIMIT ?"
-        );
-        let mut query = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(sql));
+        let mut query = sqlx::query_as::<_, Head>(AssertSqlSafe(head_sql(&exclusion)));
         for key in excluded {
             query = query.bind(&key.aggregate_type).bind(&key.aggregate_id);
         }
-        let records = query.bind(limit as i64).fetch_all(&self.pool).await?;
+        let heads = query.bind(limit as i64).fetch_all(&self.pool).await?;
+        let records = if heads.is_empty() {
+            Vec::new()
+        } else {
+            let mut query =
+                sqlx::query_as::<_, RunRow>(AssertSqlSafe(runs_sql(COLUMNS, heads.len())));
+            for head in &heads {
+                query = query
+                    .bind(&head.aggregatetype)
+                    .bind(&head.aggregateid)
+                    .bind(head.n);
+            }
+            in_claim_order(&heads, query.fetch_all(&self.pool).await?)
+        };
         Ok(Box::new(SqliteClaim {
             pool: self.pool.clone(),
             records,
