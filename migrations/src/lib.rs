@@ -3,8 +3,9 @@
 //! The DDL lives in plain SQL files under `sql/<backend>/` (apply them with
 //! `psql`, `mariadb` or `sqlite3` if you do not use SeaORM); the migrations
 //! here run exactly those files. Add [`CreateOutbox`],
-//! [`CreateRelayShards`] and (for consumers) [`CreateInbox`] to your own
-//! `sea-orm-migration` migrator, or run [`Migrator`] on its own:
+//! [`CreateRelayShards`] and (for consumers) [`CreateInbox`] and
+//! [`CreateInboxGaps`] to your own `sea-orm-migration` migrator, or run
+//! [`Migrator`] on its own:
 //!
 //! ```no_run
 //! use outbox_migrations::Migrator;
@@ -175,7 +176,34 @@ impl MigrationTrait for ClaimInAggregateOrder {
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        run(manager, &sql_files!("0005_claim_in_aggregate_order.down.sql")).await
+        run(
+            manager,
+            &sql_files!("0005_claim_in_aggregate_order.down.sql"),
+        )
+        .await
+    }
+}
+
+/// Creates the table of the sequence numbers each inbox consumer's
+/// high-water mark skipped over at a gap (`outbox_inbox_gap`), through which
+/// `outbox_core::Inbox` tells an event that arrives late, never applied,
+/// from a redelivery of one it applied.
+pub struct CreateInboxGaps;
+
+impl MigrationName for CreateInboxGaps {
+    fn name(&self) -> &str {
+        "m20261201_000006_create_inbox_gaps"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for CreateInboxGaps {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run(manager, &sql_files!("0006_create_inbox_gaps.up.sql")).await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run(manager, &sql_files!("0006_create_inbox_gaps.down.sql")).await
     }
 }
 
@@ -202,6 +230,7 @@ impl MigratorTrait for Migrator {
             Box::new(CreateInbox),
             Box::new(NotifyWaitingRelays),
             Box::new(ClaimInAggregateOrder),
+            Box::new(CreateInboxGaps),
         ]
     }
 

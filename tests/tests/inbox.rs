@@ -12,13 +12,16 @@ use uuid::Uuid;
 
 backend_tests!(
     a_duplicate_is_applied_once,
-    an_older_event_is_stale_and_a_gap_is_reported,
+    a_gap_is_reported_and_recorded,
+    a_late_event_is_late_never_a_duplicate_or_stale,
+    the_apply_late_policy_applies_a_late_event_once,
     the_hold_policy_applies_nothing_after_a_gap,
     events_without_a_sequence_are_deduplicated_by_id,
     consumers_and_topics_keep_separate_records,
     a_failed_effect_records_nothing,
     retention_deletes_ids_and_the_high_water_mark_still_skips,
     concurrent_deliveries_of_one_event_apply_it_once,
+    concurrent_deliveries_of_a_late_event_apply_it_once,
 );
 
 const TOPIC: &str = "outbox.event.Order";
@@ -100,10 +103,10 @@ async fn a_duplicate_is_applied_once(backend: Backend) {
     t.drop().await;
 }
 
-async fn an_older_event_is_stale_and_a_gap_is_reported(backend: Backend) {
+async fn a_gap_is_reported_and_recorded(backend: Backend) {
     let t = setup(backend).await;
     let inbox = Inbox::new("summary", GapPolicy::Apply);
-    let [first, second, third] = [1, 2, 3].map(|sequence| event("7", Some(sequence)));
+    let [first, _, third] = [1, 2, 3].map(|sequence| event("7", Some(sequence)));
 
     assert!(deliver(&t, &inbox, &first).await.is_applied());
     assert_eq!(
@@ -116,15 +119,15 @@ async fn an_older_event_is_stale_and_a_gap_is_reported(backend: Backend) {
             })
         }
     );
-    assert_eq!(
-        deliver(&t, &inbox, &second).await,
-        Outcome::Stale { last_applied: 3 },
-        "an event older than the last applied one is skipped"
-    );
     assert_eq!(effects(&t).await, 2);
     assert_eq!(
         inbox.last_applied(&t.db, TOPIC, "7").await.unwrap(),
         Some(3)
+    );
+    assert_eq!(
+        inbox.skipped(&t.db, TOPIC, "7").await.unwrap(),
+        [2..=2],
+        "the mark skipped 2"
     );
 
     // An aggregate's first event with a later number is a gap from nothing.
@@ -139,6 +142,137 @@ async fn an_older_event_is_stale_and_a_gap_is_reported(backend: Backend) {
                 sequence: 5
             })
         }
+    );
+    assert_eq!(inbox.skipped(&t.db, TOPIC, "8").await.unwrap(), [1..=4]);
+    assert!(
+        Inbox::new("mailer", GapPolicy::Apply)
+            .skipped(&t.db, TOPIC, "8")
+            .await
+            .unwrap()
+            .is_empty(),
+        "gaps are per consumer"
+    );
+    t.drop().await;
+}
+
+/// An aggregate's events 1, 4, 3 (2 and 3 reordered behind 4): 3 was never
+/// applied, so it is late, not a redelivery, and stays so however often it
+/// comes and whatever retention deletes; redeliveries of 1 and 4 stay
+/// duplicates (then stale, once their ids are deleted).
+async fn a_late_event_is_late_never_a_duplicate_or_stale(backend: Backend) {
+    let t = setup(backend).await;
+    let inbox = Inbox::new("summary", GapPolicy::Apply);
+    let [first, _, third, fourth] = [1, 2, 3, 4].map(|sequence| event("7", Some(sequence)));
+    assert!(deliver(&t, &inbox, &first).await.is_applied());
+    assert!(deliver(&t, &inbox, &fourth).await.is_applied());
+
+    let late = Outcome::Late {
+        sequence: 3,
+        last_applied: 4,
+    };
+    for delivery in 1..=2 {
+        assert_eq!(
+            deliver(&t, &inbox, &third).await,
+            late,
+            "delivery {delivery}: never applied, so neither a duplicate nor stale"
+        );
+    }
+    assert_eq!(effects(&t).await, 2, "GapPolicy::Apply does not apply it");
+    assert_eq!(inbox.skipped(&t.db, TOPIC, "7").await.unwrap(), [2..=3]);
+
+    assert_eq!(deliver(&t, &inbox, &fourth).await, Outcome::Duplicate);
+    assert_eq!(deliver(&t, &inbox, &first).await, Outcome::Duplicate);
+
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        inbox.delete_processed(&t.db, Duration::ZERO).await.unwrap(),
+        2
+    );
+    assert_eq!(
+        deliver(&t, &inbox, &third).await,
+        late,
+        "retention does not turn a late event into a stale one"
+    );
+    assert_eq!(
+        deliver(&t, &inbox, &fourth).await,
+        Outcome::Stale { last_applied: 4 },
+        "a redelivery whose id was deleted"
+    );
+    assert_eq!(
+        deliver(&t, &inbox, &first).await,
+        Outcome::Stale { last_applied: 4 }
+    );
+
+    // The same consumer, now holding gaps: a gap it skipped before is
+    // still late, and still not applied.
+    let holding = Inbox::new("summary", GapPolicy::Hold);
+    assert_eq!(deliver(&t, &holding, &third).await, late);
+    assert_eq!(effects(&t).await, 2);
+    t.drop().await;
+}
+
+/// `GapPolicy::ApplyLate`: events 1, 5, then 3, 2, 4 late. Each late event
+/// is applied once, leaves the recorded gap, and its redelivery is a
+/// duplicate (stale once its id is deleted), never applied again.
+async fn the_apply_late_policy_applies_a_late_event_once(backend: Backend) {
+    let t = setup(backend).await;
+    let inbox = Inbox::new("counts", GapPolicy::ApplyLate);
+    let events = [1, 2, 3, 4, 5].map(|sequence| event("7", Some(sequence)));
+    let [first, second, third, fourth, fifth] = &events;
+
+    assert!(deliver(&t, &inbox, first).await.is_applied());
+    assert_eq!(
+        deliver(&t, &inbox, fifth).await,
+        Outcome::Applied {
+            value: (),
+            gap: Some(Gap {
+                last_applied: 1,
+                sequence: 5
+            })
+        }
+    );
+    assert_eq!(
+        deliver(&t, &inbox, third).await,
+        Outcome::AppliedLate {
+            value: (),
+            sequence: 3,
+            last_applied: 5
+        }
+    );
+    assert_eq!(
+        inbox.skipped(&t.db, TOPIC, "7").await.unwrap(),
+        [2..=2, 4..=4]
+    );
+    assert_eq!(deliver(&t, &inbox, third).await, Outcome::Duplicate);
+    assert_eq!(effects(&t).await, 3);
+
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        inbox.delete_processed(&t.db, Duration::ZERO).await.unwrap(),
+        3
+    );
+    assert_eq!(
+        deliver(&t, &inbox, third).await,
+        Outcome::Stale { last_applied: 5 },
+        "applied late once; after retention its redelivery is stale"
+    );
+
+    for (late, sequence) in [(second, 2), (fourth, 4)] {
+        assert_eq!(
+            deliver(&t, &inbox, late).await,
+            Outcome::AppliedLate {
+                value: (),
+                sequence,
+                last_applied: 5
+            }
+        );
+    }
+    assert!(inbox.skipped(&t.db, TOPIC, "7").await.unwrap().is_empty());
+    assert_eq!(effects(&t).await, 5, "every event applied once");
+    assert_eq!(
+        inbox.last_applied(&t.db, TOPIC, "7").await.unwrap(),
+        Some(5),
+        "late events leave the mark where it is"
     );
     t.drop().await;
 }
@@ -336,5 +470,59 @@ async fn concurrent_deliveries_of_one_event_apply_it_once(backend: Backend) {
         );
     }
     assert_eq!(effects(&t).await, 2);
+    Arc::into_inner(t).unwrap().drop().await;
+}
+
+async fn concurrent_deliveries_of_a_late_event_apply_it_once(backend: Backend) {
+    let t = Arc::new(setup(backend).await);
+    let inbox = Arc::new(Inbox::new("counts", GapPolicy::ApplyLate));
+    for sequence in [1, 3] {
+        assert!(
+            deliver(&t, &inbox, &event("7", Some(sequence)))
+                .await
+                .is_applied()
+        );
+    }
+    let late = Arc::new(event("7", Some(2)));
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (t, inbox, late) = (t.clone(), inbox.clone(), late.clone());
+            tokio::spawn(async move {
+                let txn = t.db.begin().await.unwrap();
+                let outcome = inbox
+                    .apply(&txn, &late, |txn| async {
+                        effect(txn, &inbox, &late).await?;
+                        // Hold the transaction open while the others try.
+                        tokio::time::sleep(Duration::from_millis(150)).await;
+                        Ok::<_, DbErr>(())
+                    })
+                    .await
+                    .unwrap();
+                txn.commit().await.unwrap();
+                outcome
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.unwrap());
+    }
+    let applied_late = Outcome::AppliedLate {
+        value: (),
+        sequence: 2,
+        last_applied: 3,
+    };
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == applied_late).count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| *o == applied_late || *o == Outcome::Duplicate),
+        "{outcomes:?}"
+    );
+    assert_eq!(effects(&t).await, 3);
     Arc::into_inner(t).unwrap().drop().await;
 }

@@ -39,7 +39,8 @@ pub struct Stats {
     pub after_gap: u64,
     /// Redeliveries of applied events, skipped.
     pub duplicates: u64,
-    /// Events older than their order's last applied one, skipped.
+    /// Events older than their order's last applied one, skipped: stale
+    /// redeliveries and late events never applied (`--on-gap apply`).
     pub stale: u64,
     /// Event types this consumer does not handle (recorded, no effect).
     pub ignored: u64,
@@ -62,6 +63,7 @@ enum Handled {
     Applied { gap: Option<Gap> },
     Duplicate,
     Stale,
+    Late { sequence: i64, last_applied: i64 },
     Ignored,
     Invalid,
 }
@@ -74,7 +76,7 @@ impl Stats {
                 self.after_gap += u64::from(gap.is_some());
             }
             Handled::Duplicate => self.duplicates += 1,
-            Handled::Stale => self.stale += 1,
+            Handled::Stale | Handled::Late { .. } => self.stale += 1,
             Handled::Ignored => self.ignored += 1,
             Handled::Invalid => self.invalid += 1,
         }
@@ -180,9 +182,18 @@ impl OrderConsumer {
                 );
             }
             Outcome::Applied { gap, .. } if handles_event => Handled::Applied { gap },
-            Outcome::Applied { .. } => Handled::Ignored,
+            // Not reached: the consumer does not use `GapPolicy::ApplyLate`.
+            Outcome::AppliedLate { .. } if handles_event => Handled::Applied { gap: None },
+            Outcome::Applied { .. } | Outcome::AppliedLate { .. } => Handled::Ignored,
             Outcome::Duplicate => Handled::Duplicate,
             Outcome::Stale { .. } => Handled::Stale,
+            Outcome::Late {
+                sequence,
+                last_applied,
+            } => Handled::Late {
+                sequence,
+                last_applied,
+            },
         };
         txn.commit()
             .await
@@ -198,6 +209,14 @@ impl OrderConsumer {
             }
             Handled::Stale => tracing::info!(
                 "skipped {}: older than the last applied event of its order",
+                describe()
+            ),
+            Handled::Late {
+                sequence,
+                last_applied,
+            } => tracing::warn!(
+                "skipped {}: older than the last applied event of its order \
+                 (sequence {sequence} arrived after {last_applied}) and never applied",
                 describe()
             ),
             Handled::Ignored => tracing::debug!("ignored {}: not handled here", describe()),

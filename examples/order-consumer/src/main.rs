@@ -18,7 +18,7 @@ use order_consumer::kafka::{self, KafkaSettings};
 use order_consumer::summary;
 use outbox_core::consume::inbox::MAX_CONSUMER_NAME_LEN;
 use outbox_core::{GapPolicy, Inbox};
-use outbox_migrations::CreateInbox;
+use outbox_migrations::{CreateInbox, CreateInboxGaps};
 use sea_orm::{ConnectOptions, Database, DatabaseConnection};
 use sea_orm_migration::sea_query::{Alias, IntoIden};
 use sea_orm_migration::{MigrationTrait, MigratorTrait};
@@ -87,7 +87,7 @@ struct ConsumerMigrator;
 
 impl MigratorTrait for ConsumerMigrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(CreateInbox)]
+        vec![Box::new(CreateInbox), Box::new(CreateInboxGaps)]
     }
 
     fn migration_table_name() -> sea_orm_migration::sea_orm::DynIden {

@@ -1,19 +1,48 @@
 //! [`Inbox`]: applies a consumed event's effect at most once per consumer,
 //! in the consumer's own transaction.
 //!
-//! Two tables (created by the `outbox-migrations` crate) keep what each
+//! Three tables (created by the `outbox-migrations` crate) keep what each
 //! consumer has applied:
 //!
 //! - [`INBOX_TABLE`]: the ids of the events applied, per consumer, with
 //!   when; retention deletes old ids ([`Inbox::delete_processed`]);
 //! - [`INBOX_SEQUENCE_TABLE`]: per consumer, topic and aggregate, the
 //!   highest `aggregateSequence` applied, kept for good, so a redelivery
-//!   is recognised after its id was deleted.
+//!   is recognised after its id was deleted;
+//! - [`INBOX_GAP_TABLE`]: per consumer, topic and aggregate, the ranges of
+//!   sequence numbers the mark moved past without applying them (a gap
+//!   under [`GapPolicy::Apply`] or [`GapPolicy::ApplyLate`]), kept for
+//!   good, minus the numbers applied late since.
+//!
+//! # Late events, duplicates and stale redeliveries
+//!
+//! An event at or below the aggregate's high-water mark is one of three
+//! things, and [`Inbox::apply`] tells them apart:
+//!
+//! - its id is recorded: this consumer applied it, [`Outcome::Duplicate`];
+//! - its sequence number lies in a recorded gap: the mark moved past it
+//!   while it was missing, so it was never applied. It arrived after a later
+//!   event of its aggregate (a reorder upstream, a re-driven dead letter, a
+//!   consumer that started mid-stream and is now replaying from the start):
+//!   [`Outcome::Late`], or, under [`GapPolicy::ApplyLate`], applied once as
+//!   [`Outcome::AppliedLate`];
+//! - otherwise: the mark reached it by applying it, so it is a redelivery
+//!   whose id retention has deleted, [`Outcome::Stale`].
+//!
+//! The event ids alone cannot make that distinction: retention deletes them,
+//! and an unknown id below the mark is then either a redelivery or an event
+//! never seen. The mark only ever moves to an event that is applied, and
+//! everything it skips on the way is recorded as a gap, so a number below
+//! the mark that is not in a gap was applied. Gaps are kept as ranges, so a
+//! consumer that starts reading after an aggregate's first thousand events
+//! stores one row, not a thousand. Gaps skipped before the gap table existed
+//! are not recorded; events late into them are reported as stale.
 //!
 //! Concurrency: the aggregate's high-water row is locked (an upsert) before
 //! anything is decided, and the event id is inserted under a unique key, so
 //! two processes handling one event at once serialize on the database: the
 //! second waits for the first transaction and then finds the event applied.
+//! The aggregate's gaps are read and written only under that lock.
 
 use std::future::Future;
 use std::ops::RangeInclusive;
@@ -29,6 +58,9 @@ pub const INBOX_TABLE: &str = "outbox_inbox";
 /// The table of the highest applied sequence number per consumer, topic and
 /// aggregate.
 pub const INBOX_SEQUENCE_TABLE: &str = "outbox_inbox_sequence";
+/// The table of the sequence numbers each consumer skipped over at gaps and
+/// has not applied since, as ranges per topic and aggregate.
+pub const INBOX_GAP_TABLE: &str = "outbox_inbox_gap";
 
 /// Longest consumer name: the width of the tables' `consumer` column.
 pub const MAX_CONSUMER_NAME_LEN: usize = 255;
@@ -37,21 +69,48 @@ pub const MAX_CONSUMER_NAME_LEN: usize = 255;
 const DELETE_BATCH: u64 = 1000;
 
 /// What to do with an event whose `aggregateSequence` jumps ahead of the
-/// last one applied for its aggregate (events in between are missing).
+/// last one applied for its aggregate (events in between are missing), and
+/// with a missing event that arrives after that: a late event.
 ///
 /// A gap appears when the consumer starts reading a topic after an
-/// aggregate's first events, when events were lost upstream, or when the
+/// aggregate's first events, when events were lost upstream, when the
 /// relay dead-lettered an event (a re-driven dead letter is published after
-/// the aggregate's later events).
+/// the aggregate's later events), or when events reach the broker out of
+/// order.
+///
+/// | policy | event after a gap | late event (never applied) |
+/// |---|---|---|
+/// | [`Apply`](GapPolicy::Apply) | applied, gap reported | not applied: [`Outcome::Late`] |
+/// | [`ApplyLate`](GapPolicy::ApplyLate) | applied, gap reported | applied once: [`Outcome::AppliedLate`] |
+/// | [`Hold`](GapPolicy::Hold) | not applied: [`Outcome::Held`] | none arise |
+///
+/// Under every policy a redelivery of an applied event is skipped
+/// ([`Outcome::Duplicate`], or [`Outcome::Stale`] once its id was
+/// deleted), and no event is ever applied twice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GapPolicy {
-    /// Apply the event and move the high-water mark to it. A missing event
-    /// that arrives later is then older than the mark and skipped as
-    /// [`Outcome::Stale`]. Suits effects that only need the latest state.
+    /// Apply the event, move the high-water mark to it and record the
+    /// missing numbers as skipped. A missing event that arrives later is
+    /// **not applied**: it is reported as [`Outcome::Late`] and nothing is
+    /// recorded, so the caller can log, park or re-route it (a redelivery
+    /// is reported late again). Suits effects that only need the latest
+    /// state, where applying an older event after a newer one would undo
+    /// it. Every other effect loses the late event's effect: choose
+    /// [`ApplyLate`](GapPolicy::ApplyLate) or [`Hold`](GapPolicy::Hold).
     Apply,
+    /// As [`Apply`](GapPolicy::Apply) at a gap, and a missing event that
+    /// arrives later is applied when it arrives, once
+    /// ([`Outcome::AppliedLate`]): nothing committed is lost, but the
+    /// effect sees the aggregate's events out of order. Suits effects that
+    /// do not depend on order: counters, sums, inserting a row per event.
+    ApplyLate,
     /// Do not apply it: [`Outcome::Held`] reports the gap and nothing is
     /// recorded, so the caller can wait and retry, park the message for
-    /// later, or stop. Suits effects that need every event in order.
+    /// later, or stop; once the missing events arrive, everything applies
+    /// in order. Suits effects that need every event in order. The mark
+    /// never skips a number, so no event is late, except one in a gap
+    /// recorded while the consumer ran under another policy: that is
+    /// reported as [`Outcome::Late`] and not applied.
     Hold,
 }
 
@@ -76,7 +135,13 @@ pub enum GapPolicy {
 ///     txn.commit().await?;
 ///     match outcome {
 ///         Outcome::Applied { gap: Some(gap), .. } => eprintln!("applied after a gap: {gap}"),
-///         Outcome::Applied { .. } | Outcome::Duplicate | Outcome::Stale { .. } => {}
+///         Outcome::Late { sequence, last_applied } => {
+///             eprintln!("sequence {sequence} arrived after {last_applied}, not applied")
+///         }
+///         Outcome::Applied { .. }
+///         | Outcome::AppliedLate { .. }
+///         | Outcome::Duplicate
+///         | Outcome::Stale { .. } => {}
 ///         Outcome::Held { gap } => eprintln!("held: {gap}; park the message"),
 ///     }
 ///     Ok(()) // now commit the message's offset
@@ -103,12 +168,36 @@ pub enum Outcome<R> {
         /// policy was [`GapPolicy::Apply`].
         gap: Option<Gap>,
     },
+    /// A late event applied under [`GapPolicy::ApplyLate`]: it arrived
+    /// after a later event of its aggregate, in a gap the mark had skipped,
+    /// and was never applied before. The effect ran and the event is
+    /// recorded as applied, in the caller's transaction; the mark stays.
+    AppliedLate {
+        /// What the effect returned.
+        value: R,
+        /// The event's sequence number.
+        sequence: i64,
+        /// The highest sequence number applied for the aggregate.
+        last_applied: i64,
+    },
     /// This consumer applied the event already (same event id): skipped.
     Duplicate,
+    /// The event arrived after a later event of its aggregate, in a gap the
+    /// mark had skipped, and was never applied: **not applied** (the policy
+    /// is [`GapPolicy::Apply`], or [`GapPolicy::Hold`] for a gap recorded
+    /// under another policy) and nothing recorded. Its effect is lost
+    /// unless the caller handles it: log, park or re-route it, or use
+    /// [`GapPolicy::ApplyLate`] to apply such events.
+    Late {
+        /// The event's sequence number.
+        sequence: i64,
+        /// The highest sequence number applied for the aggregate.
+        last_applied: i64,
+    },
     /// The aggregate's high-water mark is at or past the event's sequence
-    /// number: an event that arrived after a later one of its aggregate
-    /// had been applied, or a redelivery whose id retention has deleted.
-    /// Skipped.
+    /// number, the event's id is not recorded, and its number is not in a
+    /// gap the mark skipped: a redelivery of an applied event whose id
+    /// retention has deleted. Skipped.
     Stale {
         /// The highest sequence number applied for the aggregate.
         last_applied: i64,
@@ -124,13 +213,13 @@ pub enum Outcome<R> {
 impl<R> Outcome<R> {
     /// Whether the effect ran.
     pub fn is_applied(&self) -> bool {
-        matches!(self, Outcome::Applied { .. })
+        matches!(self, Outcome::Applied { .. } | Outcome::AppliedLate { .. })
     }
 
     /// What the effect returned, if it ran.
     pub fn into_value(self) -> Option<R> {
         match self {
-            Outcome::Applied { value, .. } => Some(value),
+            Outcome::Applied { value, .. } | Outcome::AppliedLate { value, .. } => Some(value),
             _ => None,
         }
     }
@@ -202,9 +291,11 @@ impl Inbox {
     }
 
     /// Runs `effect` in `txn` and records the event as applied, unless this
-    /// consumer applied it already ([`Outcome::Duplicate`]), applied a later
-    /// event of its aggregate ([`Outcome::Stale`]), or it follows a gap and
-    /// the policy is [`GapPolicy::Hold`] ([`Outcome::Held`]).
+    /// consumer applied it already ([`Outcome::Duplicate`], or
+    /// [`Outcome::Stale`] once its id was deleted), it arrived after a later
+    /// event of its aggregate and the policy is not [`GapPolicy::ApplyLate`]
+    /// ([`Outcome::Late`]), or it follows a gap and the policy is
+    /// [`GapPolicy::Hold`] ([`Outcome::Held`]).
     ///
     /// Events with an aggregate id (the key) and an `aggregateSequence` are
     /// checked against the aggregate's high-water mark, and their ids
@@ -234,10 +325,31 @@ impl Inbox {
                     .lock_high_water(txn, &event.topic, aggregate_id)
                     .await?;
                 if sequence <= last_applied {
-                    return Ok(if self.is_recorded(txn, event.id).await? {
-                        Outcome::Duplicate
-                    } else {
-                        Outcome::Stale { last_applied }
+                    if self.is_recorded(txn, event.id).await? {
+                        return Ok(Outcome::Duplicate);
+                    }
+                    let Some(skipped) = self
+                        .skipped_range(txn, &event.topic, aggregate_id, sequence)
+                        .await?
+                    else {
+                        return Ok(Outcome::Stale { last_applied });
+                    };
+                    if self.on_gap != GapPolicy::ApplyLate {
+                        return Ok(Outcome::Late {
+                            sequence,
+                            last_applied,
+                        });
+                    }
+                    if !self.record(txn, event.id).await? {
+                        return Ok(Outcome::Duplicate);
+                    }
+                    self.fill_skipped(txn, &event.topic, aggregate_id, skipped, sequence)
+                        .await?;
+                    let value = effect(txn).await?;
+                    return Ok(Outcome::AppliedLate {
+                        value,
+                        sequence,
+                        last_applied,
                     });
                 }
                 let gap = (sequence > last_applied + 1).then_some(Gap {
@@ -251,6 +363,10 @@ impl Inbox {
                 }
                 if !self.record(txn, event.id).await? {
                     return Ok(Outcome::Duplicate);
+                }
+                if let Some(gap) = gap {
+                    self.insert_skipped(txn, &event.topic, aggregate_id, gap.missing())
+                        .await?;
                 }
                 self.set_high_water(txn, &event.topic, aggregate_id, sequence)
                     .await?;
@@ -299,12 +415,52 @@ impl Inbox {
         Ok(last.filter(|last| *last > 0))
     }
 
+    /// The sequence numbers of the aggregate `aggregate_id` read from
+    /// `topic` that this consumer's mark skipped over at gaps and that it
+    /// has not applied since, in order: the events that would be late.
+    ///
+    /// ```no_run
+    /// # async fn run(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbErr> {
+    /// let inbox = outbox_core::Inbox::new("order-summary", outbox_core::GapPolicy::Apply);
+    /// for missing in inbox.skipped(db, "outbox.event.Order", "7").await? {
+    ///     eprintln!("order 7: sequences {missing:?} were never applied");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn skipped<C: ConnectionTrait>(
+        &self,
+        db: &C,
+        topic: &str,
+        aggregate_id: &str,
+    ) -> Result<Vec<RangeInclusive<i64>>, DbErr> {
+        let backend = db.get_database_backend();
+        let [p1, p2, p3] = placeholders(backend);
+        let sql = format!(
+            "SELECT first_seq, last_seq FROM {INBOX_GAP_TABLE} \
+             WHERE consumer = {p1} AND topic = {p2} AND aggregateid = {p3} ORDER BY first_seq"
+        );
+        let rows = db
+            .query_all_raw(Statement::from_sql_and_values(
+                backend,
+                sql,
+                [
+                    self.consumer.as_str().into(),
+                    topic.into(),
+                    aggregate_id.into(),
+                ],
+            ))
+            .await?;
+        rows.iter()
+            .map(|row| Ok(row.try_get_by_index::<i64>(0)?..=row.try_get_by_index::<i64>(1)?))
+            .collect()
+    }
+
     /// Deletes the ids of events this consumer applied more than
     /// `older_than` ago, in batches of a thousand; returns how many.
     ///
-    /// The high-water marks stay, so redeliveries of deleted events that
-    /// carry an `aggregateSequence` are still skipped (as
-    /// [`Outcome::Stale`]); an event without one would be applied again,
+    /// The high-water marks and the recorded gaps stay, so redeliveries of
+    /// deleted events that carry an `aggregateSequence` are still skipped
+    /// (as [`Outcome::Stale`]); an event without one would be applied again,
     /// so keep ids longer than any redelivery can take (the broker's
     /// retention, or the longest a consumer group may lag).
     ///
@@ -452,6 +608,101 @@ impl Inbox {
         Ok(())
     }
 
+    /// Records `missing` as skipped over by the aggregate's mark.
+    async fn insert_skipped(
+        &self,
+        txn: &DatabaseTransaction,
+        topic: &str,
+        aggregate_id: &str,
+        missing: RangeInclusive<i64>,
+    ) -> Result<(), DbErr> {
+        let backend = txn.get_database_backend();
+        let [p1, p2, p3, p4, p5] = placeholders(backend);
+        let insert = format!(
+            "INSERT INTO {INBOX_GAP_TABLE} (consumer, topic, aggregateid, first_seq, last_seq) \
+             VALUES ({p1}, {p2}, {p3}, {p4}, {p5})"
+        );
+        txn.execute_raw(Statement::from_sql_and_values(
+            backend,
+            insert,
+            [
+                self.consumer.as_str().into(),
+                topic.into(),
+                aggregate_id.into(),
+                (*missing.start()).into(),
+                (*missing.end()).into(),
+            ],
+        ))
+        .await?;
+        Ok(())
+    }
+
+    /// The recorded gap of the aggregate that holds `sequence`, if any.
+    /// Gaps do not overlap, so it is the last one starting at or before
+    /// `sequence`, if it reaches that far.
+    async fn skipped_range(
+        &self,
+        txn: &DatabaseTransaction,
+        topic: &str,
+        aggregate_id: &str,
+        sequence: i64,
+    ) -> Result<Option<RangeInclusive<i64>>, DbErr> {
+        let backend = txn.get_database_backend();
+        let [p1, p2, p3, p4] = placeholders(backend);
+        let select = format!(
+            "SELECT first_seq, last_seq FROM {INBOX_GAP_TABLE} \
+             WHERE consumer = {p1} AND topic = {p2} AND aggregateid = {p3} AND first_seq <= {p4} \
+             ORDER BY first_seq DESC LIMIT 1"
+        );
+        let row = txn
+            .query_one_raw(Statement::from_sql_and_values(
+                backend,
+                select,
+                [
+                    self.consumer.as_str().into(),
+                    topic.into(),
+                    aggregate_id.into(),
+                    sequence.into(),
+                ],
+            ))
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let range = row.try_get_by_index::<i64>(0)?..=row.try_get_by_index::<i64>(1)?;
+        Ok(range.contains(&sequence).then_some(range))
+    }
+
+    /// Takes `sequence`, applied late, out of the recorded gap `skipped`.
+    async fn fill_skipped(
+        &self,
+        txn: &DatabaseTransaction,
+        topic: &str,
+        aggregate_id: &str,
+        skipped: RangeInclusive<i64>,
+        sequence: i64,
+    ) -> Result<(), DbErr> {
+        let backend = txn.get_database_backend();
+        let [p1, p2, p3, p4] = placeholders(backend);
+        let delete = format!(
+            "DELETE FROM {INBOX_GAP_TABLE} \
+             WHERE consumer = {p1} AND topic = {p2} AND aggregateid = {p3} AND first_seq = {p4}"
+        );
+        txn.execute_raw(Statement::from_sql_and_values(
+            backend,
+            delete,
+            [
+                self.consumer.as_str().into(),
+                topic.into(),
+                aggregate_id.into(),
+                (*skipped.start()).into(),
+            ],
+        ))
+        .await?;
+        for rest in split_around(skipped, sequence) {
+            self.insert_skipped(txn, topic, aggregate_id, rest).await?;
+        }
+        Ok(())
+    }
+
     /// Inserts the event id; `false` if this consumer has it already. A
     /// concurrent transaction inserting the same id makes this one wait
     /// for its outcome.
@@ -507,6 +758,15 @@ fn event_id_value(backend: DbBackend, id: Uuid) -> Value {
     }
 }
 
+/// What remains of `range` without `sequence`: the numbers before it and
+/// those after it, each if not empty.
+fn split_around(range: RangeInclusive<i64>, sequence: i64) -> Vec<RangeInclusive<i64>> {
+    [*range.start()..=sequence - 1, sequence + 1..=*range.end()]
+        .into_iter()
+        .filter(|rest| !rest.is_empty())
+        .collect()
+}
+
 /// Bind placeholders `$1..$N` on PostgreSQL, `?` elsewhere.
 fn placeholders<const N: usize>(backend: DbBackend) -> [String; N] {
     std::array::from_fn(|index| match backend {
@@ -537,6 +797,14 @@ mod tests {
     #[should_panic(expected = "an inbox consumer name has 1 to 255 characters")]
     fn consumer_names_fit_the_column() {
         let _ = Inbox::new("x".repeat(256), GapPolicy::Apply);
+    }
+
+    #[test]
+    fn a_late_sequence_splits_its_gap() {
+        assert_eq!(split_around(3..=7, 5), [3..=4, 6..=7]);
+        assert_eq!(split_around(3..=7, 3), [4..=7]);
+        assert_eq!(split_around(3..=7, 7), [3..=6]);
+        assert!(split_around(4..=4, 4).is_empty());
     }
 
     #[test]
