@@ -5,8 +5,10 @@
 //! pending rows, each aggregate's in sequence order (`runs`); on PostgreSQL and MariaDB/MySQL it holds
 //! the rows locked (`FOR UPDATE SKIP LOCKED`) in an open transaction until
 //! [`Claim::settle`] marks them and commits, so a crash at any point leaves
-//! them pending and nothing is lost.
+//! them pending and nothing is lost. A claimed row that cannot be read is
+//! dead-lettered with its reason instead of failing the claim (`decode`).
 
+mod decode;
 pub mod mysql;
 pub mod postgres;
 mod runs;

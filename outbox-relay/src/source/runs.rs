@@ -36,7 +36,9 @@ pub(crate) struct RunRow {
 /// A claim chooses, for each aggregate, a run of its earliest pending rows
 /// (positions 1, 2, ...), then locks them. A row can go missing between
 /// the two: locked by another claim and skipped (`SKIP LOCKED`), published
-/// or dead-lettered meanwhile by the aggregate's previous owner. Sending
+/// or dead-lettered meanwhile by the aggregate's previous owner, or
+/// dead-lettered by the claim itself because it cannot be read
+/// (`source/decode.rs`). Sending
 /// the rows after such a hole could overtake a pending earlier event, so
 /// they are left for the next claim (still pending; rows a claim leaves out
 /// are never marked). This is the last line of per-aggregate order: the

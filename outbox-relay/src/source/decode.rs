@@ -1,0 +1,298 @@
+//! Claimed rows read one by one, so that one row that cannot be read never
+//! fails the claim of the others.
+//!
+//! A source reads its claim's rows as raw rows and decodes each here. A row
+//! that fails (on SQLite, whose columns take any type whatever their
+//! declaration: a BLOB payload, text in `event_version`; elsewhere a value
+//! out of range or text that is not UTF-8) comes back as [`Undecodable`],
+//! with its `seq` and a one-line reason naming the column and what it
+//! holds. The source dead-letters it at once (in the claim's transaction
+//! where there is one: `attempts` + 1, `last_error` = the reason,
+//! `dead_lettered_at` set, by `seq` and only while the row is still
+//! pending) and leaves it out of the batch. Its aggregate's later rows are
+//! then behind a hole in their run, which [`super::runs::unbroken_runs`]
+//! cuts; the next claim takes them, the dead letter being no longer
+//! pending, as for a row the broker refused for good. `status` lists it and
+//! `retry` re-drives it once it has been fixed.
+
+use sqlx::{ColumnIndex, Decode, Row, Type, TypeInfo, ValueRef};
+
+use super::SourceError;
+use super::runs::{Head, RunRow};
+use crate::record::OutboxRecord;
+
+/// A claimed row that cannot be read: dead-lettered by `seq`, with
+/// `reason`, and left out of the batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Undecodable {
+    /// The row's `seq` (for a [`Head`], its aggregate's oldest pending row).
+    pub seq: i64,
+    /// One line for `last_error`: `undecodable row: column ... holds ...`.
+    pub reason: String,
+}
+
+impl Undecodable {
+    /// Logs the dead letter.
+    pub(crate) fn log(&self) {
+        tracing::warn!(seq = self.seq, reason = %self.reason, "dead-lettered an outbox row that cannot be read");
+    }
+}
+
+/// The rows of a claim that could be read, and those that could not.
+#[derive(Debug)]
+pub(crate) struct Decoded<T> {
+    /// Read rows, in the order given.
+    pub rows: Vec<T>,
+    /// Rows to dead-letter.
+    pub undecodable: Vec<Undecodable>,
+}
+
+/// Decodes each of `rows` with `decode`; a row it refuses is identified by
+/// its `seq_column`. Fails only when that column cannot be read either (a
+/// row that could then be neither sent nor dead-lettered).
+pub(crate) fn decode_each<R, T>(
+    rows: &[R],
+    seq_column: &str,
+    decode: impl Fn(&R) -> Result<T, String>,
+) -> Result<Decoded<T>, SourceError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let mut decoded = Decoded {
+        rows: Vec::with_capacity(rows.len()),
+        undecodable: Vec::new(),
+    };
+    for row in rows {
+        match decode(row) {
+            Ok(value) => decoded.rows.push(value),
+            Err(reason) => {
+                let seq = required::<R, i64>(row, seq_column).map_err(|seq_error| {
+                    SourceError::Query(sqlx::Error::Decode(
+                        format!(
+                            "an outbox row cannot be read ({reason}) nor identified ({seq_error})"
+                        )
+                        .into(),
+                    ))
+                })?;
+                decoded.undecodable.push(Undecodable {
+                    seq,
+                    reason: format!("undecodable row: {reason}"),
+                });
+            }
+        }
+    }
+    Ok(decoded)
+}
+
+/// Claimed rows with their `run_position` (SQLite, PostgreSQL).
+pub(crate) fn runs<R>(rows: &[R]) -> Result<Decoded<RunRow>, SourceError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    decode_each(rows, "seq", |row| {
+        Ok(RunRow {
+            record: record(row)?,
+            run_position: required(row, "run_position")?,
+        })
+    })
+}
+
+/// Claimed rows without positions (MariaDB/MySQL, which locks them apart).
+// For `source/mysql.rs`'s locking read.
+#[allow(dead_code)]
+pub(crate) fn records<R>(rows: &[R]) -> Result<Decoded<OutboxRecord>, SourceError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    decode_each(rows, "seq", record)
+}
+
+/// The aggregates chosen by [`super::runs::head_sql`]. One whose key cannot
+/// be read is identified by its oldest row (`first_seq`); every pending row
+/// of it shares that key, so the source dead-letters them all.
+pub(crate) fn heads<R>(rows: &[R]) -> Result<Decoded<Head>, SourceError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    decode_each(rows, "first_seq", |row| {
+        Ok(Head {
+            aggregatetype: required(row, "aggregatetype")?,
+            aggregateid: required(row, "aggregateid")?,
+            n: required(row, "n")?,
+            first_seq: required(row, "first_seq")?,
+        })
+    })
+}
+
+/// One claimed row, its columns named as [`OutboxRecord`]'s fields.
+fn record<R>(row: &R) -> Result<OutboxRecord, String>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(OutboxRecord {
+        id: required(row, "id")?,
+        aggregate_type: required(row, "aggregatetype")?,
+        aggregate_id: required(row, "aggregateid")?,
+        event_type: required(row, "type")?,
+        payload: optional(row, "payload")?,
+        event_version: required(row, "event_version")?,
+        aggregate_seq: optional(row, "aggregate_seq")?,
+        traceparent: optional(row, "traceparent")?,
+        seq: required(row, "seq")?,
+        attempts: required(row, "attempts")?,
+        // A measurement, not the row's content: a `created_at` the
+        // database cannot subtract gives an unknown (zero) age.
+        age_at_claim: optional(row, "age_at_claim")?.unwrap_or(0.0),
+    })
+}
+
+/// A column that must not be NULL.
+fn required<'r, R, T>(row: &'r R, column: &str) -> Result<T, String>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    T: Decode<'r, R::Database> + Type<R::Database>,
+{
+    optional(row, column)?.ok_or_else(|| format!("column `{column}` is NULL"))
+}
+
+/// A column that may be NULL: `None` then.
+fn optional<'r, R, T>(row: &'r R, column: &str) -> Result<Option<T>, String>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    T: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let value = row
+        .try_get_raw(column)
+        .map_err(|error| one_line(format!("column `{column}`: {error}")))?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    let found = value.type_info().name().to_owned();
+    let compatible = {
+        let found = value.type_info();
+        found.is_null() || T::compatible(&found)
+    };
+    if !compatible {
+        return Err(format!(
+            "column `{column}` holds {found}, expected {}",
+            T::type_info().name()
+        ));
+    }
+    T::decode(value).map(Some).map_err(|error| {
+        one_line(format!(
+            "column `{column}` holds {found} that cannot be read: {error}"
+        ))
+    })
+}
+
+fn one_line(text: String) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::sqlite::SqlitePoolOptions;
+
+    use super::*;
+
+    /// The claim's columns over one row of literal values.
+    async fn decode(values: &str) -> Decoded<RunRow> {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let sql = format!(
+            "SELECT column1 AS id, column2 AS aggregatetype, column3 AS aggregateid, \
+             column4 AS type, column5 AS payload, column6 AS event_version, \
+             column7 AS aggregate_seq, column8 AS traceparent, column9 AS seq, \
+             column10 AS attempts, column11 AS age_at_claim, column12 AS run_position \
+             FROM (VALUES ('good', 'Order', 'a', 'E', '{{}}', 1, 1, NULL, 1, 0, 0.5, 1), ({values}))"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        runs(&rows).unwrap()
+    }
+
+    async fn reason(values: &str) -> String {
+        let decoded = decode(values).await;
+        assert_eq!(decoded.rows.len(), 1, "the good row is read");
+        assert_eq!(decoded.undecodable.len(), 1, "{:?}", decoded.rows);
+        assert_eq!(decoded.undecodable[0].seq, 2);
+        decoded.undecodable[0].reason.clone()
+    }
+
+    #[tokio::test]
+    async fn each_row_is_read_on_its_own() {
+        let decoded = decode("'b', 'Order', 'b', 'E', NULL, 2, NULL, 'tp', 2, 3, NULL, 1").await;
+        assert!(decoded.undecodable.is_empty(), "{:?}", decoded.undecodable);
+        let second = &decoded.rows[1].record;
+        assert_eq!(
+            (
+                second.payload.as_deref(),
+                second.aggregate_seq,
+                second.age_at_claim
+            ),
+            (None, None, 0.0)
+        );
+        assert_eq!(decoded.rows[0].record.age_at_claim, 0.5);
+    }
+
+    #[tokio::test]
+    async fn a_row_that_cannot_be_read_is_named_with_its_column() {
+        assert_eq!(
+            reason("'b', 'Order', 'b', 'E', X'7B7D', 1, 1, NULL, 2, 0, 0.0, 1").await,
+            "undecodable row: column `payload` holds BLOB, expected TEXT"
+        );
+        assert_eq!(
+            reason("'b', 'Order', 'b', 'E', '{}', 'abc', 1, NULL, 2, 0, 0.0, 1").await,
+            "undecodable row: column `event_version` holds TEXT, expected INTEGER"
+        );
+        assert_eq!(
+            reason("'b', 'Order', 'b', 'E', '{}', 1, 1.5, NULL, 2, 0, 0.0, 1").await,
+            "undecodable row: column `aggregate_seq` holds REAL, expected INTEGER"
+        );
+        assert_eq!(
+            reason("'b', 'Order', NULL, 'E', '{}', 1, 1, NULL, 2, 0, 0.0, 1").await,
+            "undecodable row: column `aggregateid` is NULL"
+        );
+        let out_of_range =
+            reason("'b', 'Order', 'b', 'E', '{}', 4294967296, 1, NULL, 2, 0, 0.0, 1").await;
+        assert!(
+            out_of_range.starts_with(
+                "undecodable row: column `event_version` holds INTEGER that cannot be read: "
+            ),
+            "{out_of_range}"
+        );
+        let not_utf8 =
+            reason("'b', 'Order', 'b', CAST(X'FF' AS TEXT), '{}', 1, 1, NULL, 2, 0, 0.0, 1").await;
+        assert!(
+            not_utf8.starts_with("undecodable row: column `type` holds TEXT that cannot be read"),
+            "{not_utf8}"
+        );
+    }
+}
