@@ -94,6 +94,21 @@ pub fn consume(
     timeout: Duration,
     settle: Duration,
 ) -> Vec<Consumed> {
+    consume_timed(brokers, topic, expected, timeout, settle)
+        .into_iter()
+        .map(|(message, _)| message)
+        .collect()
+}
+
+/// [`consume`], with each message's timestamp in milliseconds since the
+/// Unix epoch (the producer's create time: when the relay handed it over).
+pub fn consume_timed(
+    brokers: &str,
+    topic: &str,
+    expected: usize,
+    timeout: Duration,
+    settle: Duration,
+) -> Vec<(Consumed, Option<i64>)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set(
@@ -160,7 +175,7 @@ pub fn consume(
                             .collect()
                     })
                     .unwrap_or_default();
-                messages.push(Consumed {
+                let consumed = Consumed {
                     topic: message.topic().to_owned(),
                     partition: message.partition(),
                     key: message
@@ -168,7 +183,8 @@ pub fn consume(
                         .map(|k| String::from_utf8_lossy(k).into_owned()),
                     payload: message.payload().map(<[u8]>::to_vec),
                     headers,
-                });
+                };
+                messages.push((consumed, message.timestamp().to_millis()));
             }
             Some(Err(error)) => eprintln!("consumer: {error}"),
             None => {}

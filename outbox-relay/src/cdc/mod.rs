@@ -18,8 +18,17 @@
 //! all the same.
 //!
 //! One relay reads a slot at a time; another one started on the same slot
-//! stands by, retrying every few seconds, and takes over when the first
-//! stops or dies.
+//! stands by and takes over when the first stops, dies or stops making
+//! progress. The reader sends the server a status update every half second
+//! from a task of its own, whatever the sink does; a standby checks once a
+//! second whether the reader's server process took one in lately and,
+//! after [`READER_SILENCE`] without any while that process waits on its
+//! client, ends the reader's replication session (`pg_terminate_backend`)
+//! and reads the slot: within [`TAKEOVER_BOUND`] of the reader stopping.
+//! Before it hands a batch to the sink, a reader checks that its own server
+//! process still holds the slot, so one that lost it (paused, then resumed)
+//! sends nothing more; what was handed over before the pause may still go
+//! out.
 
 pub mod pgoutput;
 pub mod slot;
@@ -41,6 +50,21 @@ use crate::sink::{FailureKind, Sink};
 use crate::source::Settlement;
 use crate::source::postgres::PostgresSource;
 
+/// A reader whose server process took in no status update from it for
+/// this long, while waiting on it, has stopped making progress (paused,
+/// frozen, cut off, killed without its connection closing): a standby ends
+/// its replication session and takes the slot over. A live reader sends one
+/// every status interval (half a second), whether or not the sink answers.
+pub const READER_SILENCE: Duration = Duration::from_secs(5);
+
+/// Within this long of a reader stopping to make progress, a standby reads
+/// the slot: the silence, a second of checks either side, and the takeover.
+pub const TAKEOVER_BOUND: Duration = Duration::from_secs(10);
+
+/// An answer that the slot is still this session's is only trusted if it
+/// came this soon after the question (a pause in between makes it stale).
+const OWNERSHIP_FRESH: Duration = Duration::from_secs(1);
+
 /// How CDC mode runs.
 #[derive(Debug, Clone)]
 pub struct CdcOptions {
@@ -51,7 +75,8 @@ pub struct CdcOptions {
     /// Messages sent at once (whole transactions: a larger transaction
     /// makes a larger batch).
     pub batch_size: usize,
-    /// How often a standby relay checks whether the slot became free.
+    /// How often a standby relay checks whether the slot became free or its
+    /// reader went silent.
     pub standby_retry: Duration,
     /// How often acknowledged positions are reported to the server.
     pub status_interval: Duration,
@@ -74,7 +99,7 @@ impl Default for CdcOptions {
             slot: slot::DEFAULT_NAME.to_owned(),
             publication: slot::DEFAULT_NAME.to_owned(),
             batch_size: 500,
-            standby_retry: Duration::from_secs(3),
+            standby_retry: Duration::from_secs(1),
             status_interval: Duration::from_millis(500),
             heartbeat_interval: Duration::from_secs(10),
             max_backoff: Duration::from_secs(30),
@@ -100,6 +125,8 @@ enum SessionEnd {
     Stopped,
     /// Another relay reads the slot.
     SlotInUse,
+    /// Another relay took the slot over while this one was reading it.
+    SlotLost,
     /// The sink can take no more messages.
     SinkClosed(String),
     /// The session could not start.
@@ -117,8 +144,99 @@ struct Committed {
     end_lsn: Lsn,
 }
 
-/// Why a batch was not delivered: the sink closed, for this reason.
-struct Undelivered(String);
+/// Why a batch was not delivered.
+enum Undelivered {
+    /// The sink closed, for this reason.
+    SinkClosed(String),
+    /// Another relay reads the slot now: nothing more is sent.
+    SlotLost,
+    /// Whether the slot is still this session's could not be found out.
+    Unconfirmed(anyhow::Error),
+}
+
+/// A replication session's hold on the slot, checked before each send.
+#[derive(Clone)]
+struct Ownership {
+    source: Arc<PostgresSource>,
+    slot: String,
+    /// The server process streaming to this session.
+    pid: i32,
+}
+
+impl Ownership {
+    /// Succeeds if this session's server process held the slot less than
+    /// [`OWNERSHIP_FRESH`] ago: a standby ends a reader only after
+    /// [`READER_SILENCE`] without news from it, so a relay that got this
+    /// answer and sends at once was not replaced before it sent.
+    async fn confirm(&self) -> Result<(), Undelivered> {
+        for _ in 0..5 {
+            let asked = Instant::now();
+            match slot::slot_holder(self.source.pool(), &self.slot).await {
+                Ok(Some(pid)) if pid == self.pid => {}
+                Ok(_) => return Err(Undelivered::SlotLost),
+                Err(error) => return Err(Undelivered::Unconfirmed(error)),
+            }
+            if asked.elapsed() < OWNERSHIP_FRESH {
+                return Ok(());
+            }
+        }
+        Err(Undelivered::Unconfirmed(anyhow::anyhow!(
+            "the database took more than {OWNERSHIP_FRESH:?} to say who holds the replication slot"
+        )))
+    }
+
+    /// Whether another server process holds the slot now.
+    async fn lost(&self) -> bool {
+        matches!(
+            slot::slot_holder(self.source.pool(), &self.slot).await,
+            Ok(Some(pid)) if pid != self.pid
+        )
+    }
+}
+
+/// What a standby saw of the relay reading the slot.
+#[derive(Debug, Default)]
+struct ReaderWatch {
+    /// The reader's server process, the last status update it took in, and
+    /// since when both are unchanged.
+    seen: Option<(i32, Option<String>, Instant)>,
+    /// Consecutive checks that found that process waiting on its client.
+    waiting: u32,
+    /// The server process whose state was logged already.
+    noted: Option<i32>,
+}
+
+impl ReaderWatch {
+    /// How long the reader has been silent, once that is [`READER_SILENCE`]
+    /// or more: no new status update taken in, while its server process
+    /// waits on it (at the last two checks), so it would take one in. A
+    /// process busy decoding a large transaction takes none in for a while,
+    /// but does not wait on its client meanwhile.
+    fn silent_for(&mut self, reader: &slot::SlotReader, now: Instant) -> Option<Duration> {
+        let since = match &self.seen {
+            Some((pid, reply, since)) if *pid == reader.pid && *reply == reader.reply_time => {
+                *since
+            }
+            _ => {
+                self.seen = Some((reader.pid, reader.reply_time.clone(), now));
+                self.waiting = 0;
+                now
+            }
+        };
+        self.waiting = if reader.waiting_on_client {
+            self.waiting + 1
+        } else {
+            0
+        };
+        let silent = now.duration_since(since);
+        (silent >= READER_SILENCE && self.waiting >= 2).then_some(silent)
+    }
+
+    /// Whether `pid`'s state is news to log: once per server process.
+    fn first_note(&mut self, pid: i32) -> bool {
+        self.noted.replace(pid) != Some(pid)
+    }
+}
 
 /// A batch whose every message the sink acknowledged.
 struct Delivered {
@@ -167,8 +285,10 @@ impl CdcRelay {
             &self.options.slot,
             &self.options.publication,
         )?
+        // Status updates every interval, idle or not, busy sink or not: a
+        // standby takes silence for a reader that stopped.
         .with_status_interval(self.options.status_interval)
-        .with_wakeup_interval(self.options.status_interval.max(Duration::from_secs(1)));
+        .with_wakeup_interval(self.options.status_interval);
         let background: Vec<_> = [
             self.options.retention.clone().map(|retention| {
                 tokio::spawn(run_retention(
@@ -199,11 +319,21 @@ impl CdcRelay {
         // Only a first connection that fails is fatal (bad URL, password,
         // privileges); later failures are outages, retried.
         let mut first_attempt = true;
+        let mut watch = ReaderWatch::default();
         let outcome = loop {
             if shutdown.is_requested() {
                 break Ok(());
             }
-            let end = self.session(&config, outbox_oid, &shutdown).await;
+            // A standby asks about the reader over an ordinary connection
+            // rather than asking for the slot, which the server refuses.
+            let end = if !first_attempt && self.slot_in_use(&mut watch).await {
+                SessionEnd::SlotInUse
+            } else {
+                self.session(&config, outbox_oid, &shutdown).await
+            };
+            if !matches!(end, SessionEnd::SlotInUse) {
+                watch = ReaderWatch::default();
+            }
             let broken = matches!(end, SessionEnd::Broken(_));
             let pause = match end {
                 SessionEnd::Stopped => break Ok(()),
@@ -216,6 +346,16 @@ impl CdcRelay {
                         );
                         standing_by = true;
                     }
+                    metrics::record_cdc_reading(false);
+                    self.options.standby_retry
+                }
+                SessionEnd::SlotLost => {
+                    tracing::warn!(
+                        slot = %self.options.slot,
+                        "another relay took the replication slot over while this one made no \
+                         progress; what this one had read and not sent is left to it; standing by"
+                    );
+                    standing_by = true;
                     metrics::record_cdc_reading(false);
                     self.options.standby_retry
                 }
@@ -250,6 +390,68 @@ impl CdcRelay {
         outcome
     }
 
+    /// Whether another process reads the slot, as a standby sees it. A
+    /// relay reading it that went silent (see [`ReaderWatch::silent_for`])
+    /// has its replication session ended, and then the slot is free.
+    async fn slot_in_use(&self, watch: &mut ReaderWatch) -> bool {
+        let pool = self.source.pool();
+        let slot = &self.options.slot;
+        let reader = match slot::slot_reader(pool, slot).await {
+            Ok(Some(reader)) => reader,
+            Ok(None) => return false,
+            // The server tells the replication connection instead.
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "cannot check the replication slot");
+                return false;
+            }
+        };
+        if !reader.is_relay || !reader.visible {
+            if reader.is_relay && watch.first_note(reader.pid) {
+                tracing::info!(
+                    slot = %slot,
+                    server_process = reader.pid,
+                    "cannot see the replication statistics of the relay reading the slot \
+                     (grant pg_read_all_stats, or use its role): should it stop making \
+                     progress, this one takes over only once the server ends its session \
+                     (wal_sender_timeout)"
+                );
+            }
+            return true;
+        }
+        let Some(silent_for) = watch.silent_for(&reader, Instant::now()) else {
+            return true;
+        };
+        if let Err(error) = slot::end_server_process(pool, reader.pid).await {
+            if watch.first_note(reader.pid) {
+                tracing::warn!(
+                    slot = %slot,
+                    server_process = reader.pid,
+                    error = %format!("{error:#}"),
+                    "the relay reading the slot stopped making progress, but its session cannot \
+                     be ended (this user needs pg_signal_backend or the reader's role): it is \
+                     taken over once the server ends it (wal_sender_timeout)"
+                );
+            }
+            return true;
+        }
+        tracing::warn!(
+            slot = %slot,
+            server_process = reader.pid,
+            silent_for = ?silent_for,
+            "the relay reading the slot stopped making progress: ended its replication \
+             session to take over"
+        );
+        // The server process exits at once, even when its client is frozen.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline
+            && matches!(slot::slot_holder(pool, slot).await, Ok(Some(pid)) if pid == reader.pid)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        *watch = ReaderWatch::default();
+        false
+    }
+
     /// One replication session: reads, publishes and confirms until it ends.
     async fn session(
         &self,
@@ -257,10 +459,27 @@ impl CdcRelay {
         outbox_oid: u32,
         shutdown: &Shutdown,
     ) -> SessionEnd {
-        let mut client = match ReplicationClient::connect(config.clone()).await {
+        let mut client = match ReplicationClient::connect_gated(config.clone()).await {
             Ok(client) => client,
             Err(error) => return SessionEnd::NotStarted(replication_error(error)),
         };
+        let (own_pid, holder) = match session_pids(&mut client, &config.slot).await {
+            Ok(pids) => pids,
+            Err(error) => return SessionEnd::NotStarted(error),
+        };
+        if holder.is_some_and(|pid| pid != own_pid) {
+            // Asking for the slot would be refused; the connection closes
+            // quietly when `client` is dropped.
+            return SessionEnd::SlotInUse;
+        }
+        let ownership = Ownership {
+            source: self.source.clone(),
+            slot: config.slot.clone(),
+            pid: own_pid,
+        };
+        if let Err(error) = client.start().await {
+            return SessionEnd::NotStarted(replication_error(error));
+        }
         if let Err(error) = client.wait_started().await {
             // 55006: the slot is active for another process.
             if error.to_string().contains("SQLSTATE 55006") {
@@ -270,10 +489,15 @@ impl CdcRelay {
         }
         metrics::record_cdc_reading(true);
         tracing::info!(slot = %config.slot, "reading the replication slot");
-        let end = self
-            .stream(&mut client, outbox_oid, shutdown)
+        let end = match self
+            .stream(&mut client, outbox_oid, &ownership, shutdown)
             .await
-            .unwrap_or_else(SessionEnd::Broken);
+        {
+            Ok(end) => end,
+            // A standby ended this session's server process and took over.
+            Err(_) if ownership.lost().await => SessionEnd::SlotLost,
+            Err(error) => SessionEnd::Broken(error),
+        };
         if matches!(end, SessionEnd::Stopped) {
             let _ = tokio::time::timeout(Duration::from_secs(2), client.shutdown()).await;
         }
@@ -285,6 +509,7 @@ impl CdcRelay {
         &self,
         client: &mut ReplicationClient,
         outbox_oid: u32,
+        ownership: &Ownership,
         shutdown: &Shutdown,
     ) -> anyhow::Result<SessionEnd> {
         let mut decoder = pgoutput::Decoder::new(outbox_oid);
@@ -307,7 +532,7 @@ impl CdcRelay {
             if in_flight.is_none() && !ready.is_empty() {
                 let batch = take_batch(&mut ready, self.options.batch_size);
                 buffered -= batch.iter().map(|c| c.records.len()).sum::<usize>();
-                in_flight = Some(self.deliver(batch));
+                in_flight = Some(self.deliver(batch, ownership.clone()));
             }
             if settling.is_none()
                 && let Some(delivered) = acknowledged.pop_front()
@@ -338,7 +563,11 @@ impl CdcRelay {
                     in_flight = None;
                     match outcome {
                         Ok(delivered) => acknowledged.push_back(delivered),
-                        Err(Undelivered(reason)) => return Ok(SessionEnd::SinkClosed(reason)),
+                        Err(Undelivered::SinkClosed(reason)) => {
+                            return Ok(SessionEnd::SinkClosed(reason));
+                        }
+                        Err(Undelivered::SlotLost) => return Ok(SessionEnd::SlotLost),
+                        Err(Undelivered::Unconfirmed(error)) => return Err(error),
                     }
                 }
                 confirmed = async { settling.as_mut().expect("guarded").await }, if settling.is_some() => {
@@ -418,8 +647,13 @@ impl CdcRelay {
     }
 
     /// Sends a batch until every message is acknowledged, resending the
-    /// failed ones (and those held back behind them) in order with backoff.
-    fn deliver(&self, batch: Vec<Committed>) -> BoxFuture<'static, Result<Delivered, Undelivered>> {
+    /// failed ones (and those held back behind them) in order with backoff;
+    /// each time only once `ownership` is confirmed.
+    fn deliver(
+        &self,
+        batch: Vec<Committed>,
+        ownership: Ownership,
+    ) -> BoxFuture<'static, Result<Delivered, Undelivered>> {
         let sink = self.sink.clone();
         let topics = self.topics.clone();
         let max_backoff = self.options.max_backoff;
@@ -440,13 +674,14 @@ impl CdcRelay {
             let mut remaining: Vec<Message> = records.iter().map(|r| topics.message(r)).collect();
             let mut backoff = Backoff::new(INITIAL_BACKOFF, max_backoff);
             loop {
+                ownership.confirm().await?;
                 let outcomes = sink.publish(&remaining).await;
                 let mut failed = Vec::new();
                 let mut first_error = None;
                 for (message, outcome) in remaining.into_iter().zip(outcomes) {
                     if let Err(error) = outcome {
                         if error.kind == FailureKind::Closed {
-                            return Err(Undelivered(error.reason));
+                            return Err(Undelivered::SinkClosed(error.reason));
                         }
                         first_error.get_or_insert(error.reason);
                         failed.push(message);
@@ -506,6 +741,32 @@ fn take_batch(ready: &mut VecDeque<Committed>, batch_size: usize) -> Vec<Committ
     batch
 }
 
+/// The server process of a replication session that has not started, and
+/// the one holding the slot (if any), asked on that session.
+async fn session_pids(
+    client: &mut ReplicationClient,
+    slot: &str,
+) -> anyhow::Result<(i32, Option<i32>)> {
+    // `slot` passed slot::check_name: it needs no quoting.
+    let rows = client
+        .simple_query(&format!(
+            "SELECT pg_backend_pid(), (SELECT active_pid FROM pg_replication_slots \
+             WHERE slot_name = '{slot}' AND database = current_database())"
+        ))
+        .await
+        .map_err(replication_error)?;
+    let row = rows
+        .first()
+        .context("no answer about the replication slot")?;
+    let pid = |column: usize| -> anyhow::Result<Option<i32>> {
+        row.get(column)
+            .and_then(|value| value.as_deref())
+            .map(|text| Ok(std::str::from_utf8(text)?.parse::<i32>()?))
+            .transpose()
+    };
+    Ok((pid(0)?.context("no server process id")?, pid(1)?))
+}
+
 fn replication_error(error: pgwire_replication::PgWireError) -> anyhow::Error {
     anyhow::anyhow!("replication connection: {error}")
 }
@@ -555,6 +816,45 @@ mod tests {
             commit_time_micros: 0,
             end_lsn: Lsn::from_u64(end),
         }
+    }
+
+    #[test]
+    fn a_reader_is_silent_once_it_sends_nothing_while_waited_on() {
+        let reader = |reply: &str, waiting: bool| slot::SlotReader {
+            pid: 7,
+            is_relay: true,
+            visible: true,
+            reply_time: Some(reply.to_owned()),
+            waiting_on_client: waiting,
+        };
+        let start = Instant::now();
+        let at = |seconds: u64| start + Duration::from_secs(seconds);
+        let mut watch = ReaderWatch::default();
+        // Replies keep coming: never silent.
+        for second in 0..10 {
+            let reply = second.to_string();
+            assert_eq!(watch.silent_for(&reader(&reply, true), at(second)), None);
+        }
+        // No reply since second 9; its process waits on it.
+        assert_eq!(watch.silent_for(&reader("9", true), at(13)), None);
+        assert_eq!(
+            watch.silent_for(&reader("9", true), at(14)),
+            Some(READER_SILENCE)
+        );
+        // A process busy decoding takes no replies in: not silence.
+        let mut watch = ReaderWatch::default();
+        for second in 0..30 {
+            assert_eq!(watch.silent_for(&reader("1", false), at(second)), None);
+        }
+        // Waiting once after a busy stretch is not enough either.
+        assert_eq!(watch.silent_for(&reader("1", true), at(30)), None);
+        assert!(watch.silent_for(&reader("1", true), at(31)).is_some());
+        // Another reader starts the count again.
+        let other = slot::SlotReader {
+            pid: 8,
+            ..reader("1", true)
+        };
+        assert_eq!(watch.silent_for(&other, at(32)), None);
     }
 
     #[test]

@@ -15,6 +15,10 @@ use crate::redact::redact_url;
 /// The default name of the replication slot and of the publication.
 pub const DEFAULT_NAME: &str = "outbox_relay";
 
+/// The `application_name` of a relay's replication connection: a standby
+/// only ever ends a server process that streams to an outbox relay.
+pub const APPLICATION_NAME: &str = "outbox-relay";
+
 /// Checks that `name` can name a slot or a publication: 1 to 63 lowercase
 /// letters, digits and underscores (PostgreSQL's rule for slot names).
 pub fn check_name(option: &str, name: &str) -> anyhow::Result<()> {
@@ -178,6 +182,75 @@ pub async fn drop_slot(pool: &PgPool, name: &str) -> anyhow::Result<bool> {
     }
 }
 
+/// The process reading a slot, as a standby sees it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct SlotReader {
+    /// The server process streaming the slot (`active_pid`).
+    pub pid: i32,
+    /// Whether that process streams to an outbox relay (a walsender with
+    /// the relay's application name), not to some other program or session.
+    pub is_relay: bool,
+    /// Whether its replication statistics are visible to this user (a
+    /// superuser, the same role, or `pg_read_all_stats`); without them a
+    /// silent reader cannot be told from a live one.
+    pub visible: bool,
+    /// The send time of the last standby status update the server process
+    /// took in from the relay, as text: compared, never interpreted (it is
+    /// the reader's clock).
+    pub reply_time: Option<String>,
+    /// Whether the server process waits on its client right now (to write
+    /// to it, or for its next message), rather than decoding: a process
+    /// that waits takes in every status update the relay sends.
+    pub waiting_on_client: bool,
+}
+
+/// The process reading the slot `name`, if one does.
+pub async fn slot_reader(pool: &PgPool, name: &str) -> anyhow::Result<Option<SlotReader>> {
+    let reader = sqlx::query_as::<_, SlotReader>(
+        "SELECT s.active_pid AS pid, \
+         COALESCE(a.backend_type = 'walsender' AND a.application_name = $2, false) AS is_relay, \
+         r.state IS NOT NULL AS visible, \
+         r.reply_time::text AS reply_time, \
+         COALESCE(a.wait_event_type = 'Client' OR a.wait_event = 'WalSenderMain', false) \
+           AS waiting_on_client \
+         FROM pg_replication_slots AS s \
+         LEFT JOIN pg_stat_activity AS a ON a.pid = s.active_pid \
+         LEFT JOIN pg_stat_replication AS r ON r.pid = s.active_pid \
+         WHERE s.slot_name = $1 AND s.database = current_database() \
+         AND s.active_pid IS NOT NULL",
+    )
+    .bind(name)
+    .bind(APPLICATION_NAME)
+    .fetch_optional(pool)
+    .await
+    .with_context(|| format!("cannot read the reader of replication slot {name}"))?;
+    Ok(reader)
+}
+
+/// The server process holding the slot `name`, if any.
+pub async fn slot_holder(pool: &PgPool, name: &str) -> anyhow::Result<Option<i32>> {
+    let pid: Option<Option<i32>> = sqlx::query_scalar(
+        "SELECT active_pid FROM pg_replication_slots \
+         WHERE slot_name = $1 AND database = current_database()",
+    )
+    .bind(name)
+    .fetch_optional(pool)
+    .await
+    .with_context(|| format!("cannot read replication slot {name}"))?;
+    Ok(pid.flatten())
+}
+
+/// Ends the server process `pid` (`pg_terminate_backend`): its client's
+/// connection closes and the slot it held is free. Returns whether the
+/// process existed.
+pub async fn end_server_process(pool: &PgPool, pid: i32) -> anyhow::Result<bool> {
+    sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(pool)
+        .await
+        .with_context(|| format!("cannot end server process {pid}"))
+}
+
 /// Emits a small non-transactional message into the WAL, so that a relay
 /// on a quiet database gets a position to confirm and the slot keeps up
 /// with WAL written by other databases.
@@ -219,7 +292,7 @@ pub fn replication_config(
         ReplicationConfig::new(host, user, password, database, slot, publication)
             .with_port(options.get_port())
             .with_tls(TlsConfig::disabled())
-            .with_application_name("outbox-relay"),
+            .with_application_name(APPLICATION_NAME),
     )
 }
 
