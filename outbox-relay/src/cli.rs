@@ -149,50 +149,56 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_TOPIC_TEMPLATE")]
     pub topic_template: Option<String>,
 
-    /// Rows claimed and published at once [default: 500]
+    /// Rows claimed and published at once, 1 to 10000 [default: 500]
     #[arg(long, env = "OUTBOX_BATCH_SIZE")]
-    pub batch_size: Option<usize>,
+    pub batch_size: Option<u64>,
 
-    /// Longest wait between checks for new rows; PostgreSQL is also woken
-    /// by LISTEN/NOTIFY at once [default: 1s on PostgreSQL, 100ms otherwise]
+    /// Longest wait between checks for new rows, 10ms to 1h; PostgreSQL is
+    /// also woken by LISTEN/NOTIFY at once [default: 1s on PostgreSQL, 100ms
+    /// otherwise]
     #[arg(long, env = "OUTBOX_POLL_INTERVAL", value_parser = parse_duration)]
     pub poll_interval: Option<Duration>,
 
     /// Attempts before a message the broker refuses for good (too large,
-    /// invalid topic) is dead-lettered [default: 10]
+    /// invalid topic) is dead-lettered, at least 1 [default: 10]
     #[arg(long, env = "OUTBOX_MAX_ATTEMPTS")]
-    pub max_attempts: Option<i32>,
+    pub max_attempts: Option<i64>,
 
     /// Do not create missing topics; their rows stay pending until the topic exists
     #[arg(long)]
     pub no_create_topics: bool,
 
-    /// Partitions of a created topic [default: 1]
+    /// Partitions of a created topic, at least 1 [default: 1]
     #[arg(long)]
-    pub topic_partitions: Option<i32>,
+    pub topic_partitions: Option<i64>,
 
-    /// Replication factor of a created topic [default: 1]
+    /// Replication factor of a created topic, 1 to 32767 [default: 1]
     #[arg(long)]
-    pub topic_replication_factor: Option<i32>,
+    pub topic_replication_factor: Option<i64>,
 
-    /// How long to wait for a batch's acknowledgements; past it, the
-    /// unacknowledged rows stay pending and the producer is replaced [default: 30s]
+    /// How long to wait for a batch's acknowledgements, 1s to 1h (longer
+    /// than any producer linger); past it, the unacknowledged rows stay
+    /// pending and the producer is replaced [default: 30s]
     #[arg(long, env = "OUTBOX_SEND_TIMEOUT", value_parser = parse_duration)]
     pub send_timeout: Option<Duration>,
 
-    /// A librdkafka setting such as security.protocol=SASL_SSL (repeatable)
-    #[arg(long = "kafka-option", short = 'X', value_name = "KEY=VALUE", value_parser = parse_key_value)]
-    pub kafka_options: Vec<(String, String)>,
+    /// A librdkafka setting such as security.protocol=SASL_SSL (repeatable);
+    /// secret values (sasl.password, ssl.key.password, ...) are never printed,
+    /// and the settings delivery rests on (acks, enable.idempotence,
+    /// message.timeout.ms, enable.gapless.guarantee) cannot be changed
+    #[arg(long = "kafka-option", short = 'X', value_name = "KEY=VALUE")]
+    pub kafka_options: Vec<String>,
 
     /// Delete rows once published instead of marking them
     #[arg(long)]
     pub delete_on_publish: bool,
 
-    /// Keep published rows this long before the periodic cleanup deletes them [default: 7d]
+    /// Keep published rows this long before the periodic cleanup deletes
+    /// them, 0s to 3650days [default: 7d]
     #[arg(long, env = "OUTBOX_RETENTION", value_parser = parse_duration)]
     pub retention: Option<Duration>,
 
-    /// How often the periodic cleanup runs [default: 10m]
+    /// How often the periodic cleanup runs, 1s to 30days [default: 10m]
     #[arg(long, value_parser = parse_duration)]
     pub cleanup_interval: Option<Duration>,
 
@@ -204,18 +210,20 @@ pub struct RunArgs {
     #[arg(long)]
     pub drain: bool,
 
-    /// Shards the aggregates are spread over; relays on one database share
-    /// them, one owner per shard. Every relay of a database needs the same
-    /// number (PostgreSQL and MariaDB/MySQL) [default: 16]
+    /// Shards the aggregates are spread over, 1 to 4096; relays on one
+    /// database share them, one owner per shard. Every relay of a database
+    /// needs the same number (PostgreSQL and MariaDB/MySQL) [default: 16]
     #[arg(long, env = "OUTBOX_SHARDS")]
-    pub shards: Option<u32>,
+    pub shards: Option<u64>,
 
-    /// How long a relay keeps its shards without renewing them: shards of a
-    /// relay that died are taken over after this long [default: 10s]
+    /// How long a relay keeps its shards without renewing them, 1s to 1h
+    /// (renewed every third of it, at least every second): shards of a relay
+    /// that died are taken over after this long [default: 10s]
     #[arg(long, env = "OUTBOX_LEASE", value_parser = parse_duration)]
     pub lease: Option<Duration>,
 
-    /// This relay's name among the relays of the database [default: host-pid-random]
+    /// This relay's name among the relays of the database, 1 to 64
+    /// characters [default: host-pid-random]
     #[arg(long, env = "OUTBOX_INSTANCE_ID")]
     pub instance_id: Option<String>,
 
@@ -224,7 +232,8 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
 
-    /// How often the backlog gauges and connection checks are refreshed [default: 5s]
+    /// How often the backlog gauges and connection checks are refreshed,
+    /// 100ms to 1h [default: 5s]
     #[arg(long, value_parser = parse_duration)]
     pub metrics_interval: Option<Duration>,
 }
@@ -248,11 +257,11 @@ pub struct StatusArgs {
 /// Options of `cleanup`.
 #[derive(Debug, Args)]
 pub struct CleanupArgs {
-    /// Delete published rows older than this [default: 7d]
+    /// Delete published rows older than this, 0s to 3650days [default: 7d]
     #[arg(long, value_parser = parse_duration)]
     pub older_than: Option<Duration>,
 
-    /// Rows per DELETE statement [default: 1000]
+    /// Rows per DELETE statement, 1 to 100000 [default: 1000]
     #[arg(long)]
     pub batch_size: Option<u64>,
 }
@@ -275,13 +284,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|error| format!("{error} (use a duration such as 500ms, 30s, 10m or 7d)"))
 }
 
-/// Parses `KEY=VALUE`, such as a librdkafka setting.
+/// Parses `KEY=VALUE`, such as a librdkafka setting. The error does not
+/// repeat the text: it may be a secret with a mistyped separator.
 pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.trim().is_empty() => {
             Ok((key.trim().to_owned(), value.trim().to_owned()))
         }
-        _ => Err(format!("expected KEY=VALUE, got {text:?}")),
+        Some(_) => Err("expected KEY=VALUE, got an empty KEY".to_owned()),
+        None => Err(
+            "expected KEY=VALUE such as compression.type=lz4, got no `=` \
+             (the value is not shown: it may hold a secret)"
+                .to_owned(),
+        ),
     }
 }
 
@@ -307,6 +322,15 @@ mod tests {
             parse_key_value("compression.type=lz4").unwrap(),
             ("compression.type".into(), "lz4".into())
         );
-        assert!(parse_key_value("nonsense").is_err());
+        let error = parse_key_value("sasl.password:s3cret").unwrap_err();
+        assert!(
+            error.contains("KEY=VALUE") && !error.contains("s3cret"),
+            "{error}"
+        );
+        assert!(
+            parse_key_value("=s3cret")
+                .unwrap_err()
+                .contains("empty KEY")
+        );
     }
 }

@@ -12,11 +12,13 @@ use crate::cdc::{CdcOptions, CdcRelay};
 use crate::cli::{
     CdcCommand, CleanupArgs, Cli, Command, DropSlotArgs, RetryArgs, RunMode, SinkKind, StatusArgs,
 };
-use crate::config::{FileConfig, RunSettings, cleanup_retention, database_url, slot_name};
+use crate::config::{
+    FileConfig, RunSettings, cleanup_retention, database_url, remember_credentials, slot_name,
+};
 use crate::health::{self, Health};
 use crate::message::TopicTemplate;
 use crate::progress::Progress;
-use crate::redact::redact_url;
+use crate::redact::{redact_text, redact_url};
 use crate::relay::{Relay, delete_published};
 use crate::server;
 use crate::shutdown::Shutdown;
@@ -25,9 +27,13 @@ use crate::sink::kafka::KafkaSink;
 use crate::sink::stdout::StdoutSink;
 use crate::source::{self, Source, SourceOptions, Status};
 
-/// Runs the parsed command line.
+/// Runs the parsed command line. Settings that cannot work fail with a
+/// [`crate::config::SettingsError`] before anything connects.
 pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     let file = FileConfig::load(cli.global.config.as_deref())?;
+    // Before anything connects: drivers may echo a credential in their
+    // own words from here on.
+    remember_credentials(&cli, &file);
     match cli.command {
         Command::Run(args) => run(RunSettings::resolve(&cli.global, *args, &file)?).await,
         Command::Migrate => migrate(&database_url(&cli.global, &file)).await,
@@ -51,6 +57,9 @@ async fn run(settings: RunSettings) -> anyhow::Result<()> {
         Some(_) => Some(crate::metrics::install().context("cannot install the metrics recorder")?),
         None => None,
     };
+    // Connecting the source joins the shard owners (PostgreSQL, MariaDB):
+    // from here on, whatever ends the run, start-up failures included,
+    // hands the shards over at once rather than when their lease expires.
     // CDC mode marks and retains rows through a PostgreSQL source of its own.
     let (source, postgres): (Arc<dyn source::Source>, _) = match settings.mode {
         RunMode::Poll => (
@@ -67,6 +76,20 @@ async fn run(settings: RunSettings) -> anyhow::Result<()> {
             (postgres.clone(), Some(postgres))
         }
     };
+    let outcome = relay_from(settings, source.clone(), postgres, metrics, shutdown).await;
+    source.close().await;
+    outcome
+}
+
+/// Connects the sink and runs the relay on a connected source; the caller
+/// closes the source however this ends.
+async fn relay_from(
+    settings: RunSettings,
+    source: Arc<dyn Source>,
+    postgres: Option<Arc<source::postgres::PostgresSource>>,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
     let sink: Arc<dyn Sink> = match settings.sink {
         SinkKind::Stdout => Arc::new(StdoutSink),
         SinkKind::Kafka => Arc::new(KafkaSink::connect(settings.kafka.clone()).await?),
@@ -93,8 +116,8 @@ async fn run(settings: RunSettings) -> anyhow::Result<()> {
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
     }
     let topics = TopicTemplate::new(settings.topic_template);
-    let outcome = match postgres {
-        None => Relay::new(source.clone(), sink, topics, settings.relay)
+    match postgres {
+        None => Relay::new(source, sink, topics, settings.relay)
             .run(shutdown)
             .await
             .map_err(anyhow::Error::from),
@@ -113,9 +136,7 @@ async fn run(settings: RunSettings) -> anyhow::Result<()> {
                 .run(shutdown)
                 .await
         }
-    };
-    source.close().await;
-    outcome
+    }
 }
 
 async fn migrate(url: &str) -> anyhow::Result<()> {
@@ -140,7 +161,7 @@ async fn migrate(url: &str) -> anyhow::Result<()> {
 }
 
 async fn status(url: &str, args: &StatusArgs, slot: &str) -> anyhow::Result<()> {
-    let (status, slot) = if source::is_postgres(url) {
+    let (mut status, slot) = if source::is_postgres(url) {
         let postgres = source::connect_postgres(url, SourceOptions::default()).await?;
         let status = postgres.status().await?;
         (status, cdc_slot::slot_status(postgres.pool(), slot).await?)
@@ -148,6 +169,12 @@ async fn status(url: &str, args: &StatusArgs, slot: &str) -> anyhow::Result<()> 
         let source = source::connect(url, SourceOptions::default()).await?;
         (source.status().await?, None)
     };
+    // Recorded errors are the brokers' and drivers' words.
+    for row in &mut status.dead_letter_rows {
+        if let Some(error) = &mut row.last_error {
+            *error = redact_text(error);
+        }
+    }
     if args.json {
         let mut json = serde_json::to_value(&status)?;
         if let (Some(slot), Some(object)) = (&slot, json.as_object_mut()) {

@@ -1,16 +1,24 @@
 //! Resolves each command's settings from the command line, the environment
-//! (through clap) and the optional TOML file, in that order of precedence.
+//! (through clap) and the optional TOML file, in that order of precedence,
+//! and checks them before anything connects: a value outside its range, or
+//! two values that contradict each other, stop the relay with a one-line
+//! [`SettingsError`] naming the setting and what is allowed.
 
 use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::ops::RangeInclusive;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
 use serde::Deserialize;
 
 use crate::cdc::slot::{DEFAULT_NAME, check_name};
-use crate::cli::{CleanupArgs, GlobalArgs, RunArgs, RunMode, SinkKind, parse_duration};
+use crate::cli::{
+    CleanupArgs, Cli, Command, GlobalArgs, RunArgs, RunMode, SinkKind, parse_duration,
+    parse_key_value,
+};
 use crate::message::DEFAULT_TOPIC_TEMPLATE;
+use crate::redact;
 use crate::relay::{RelayOptions, Retention};
 use crate::sink::kafka::KafkaOptions;
 use crate::source::SourceOptions;
@@ -18,6 +26,58 @@ use crate::source::shards::{ShardConfig, default_instance_id};
 
 /// The database of the embedded default.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://outbox.db";
+
+/// Allowed `--shards`: every relay of a database needs the same number, and
+/// a relay prepares and renews one row per shard.
+pub const SHARDS: RangeInclusive<u64> = 1..=4096;
+/// Allowed `--batch-size` of `run`: a batch is one claim, one send and one
+/// mark, whose statements list every row.
+pub const BATCH_SIZE: RangeInclusive<u64> = 1..=10_000;
+/// Allowed `--lease`: renewed every third of it (at least every second),
+/// so shorter leases expire on ordinary database latency.
+pub const LEASE: RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(3600);
+/// Allowed `--send-timeout`. With [`LEASE`], it keeps the batch timeout
+/// (send timeout plus lease, a server-side transaction timeout) within what
+/// PostgreSQL and MariaDB accept.
+pub const SEND_TIMEOUT: RangeInclusive<Duration> =
+    Duration::from_secs(1)..=Duration::from_secs(3600);
+/// Allowed `--poll-interval`: zero would claim in a busy loop.
+pub const POLL_INTERVAL: RangeInclusive<Duration> =
+    Duration::from_millis(10)..=Duration::from_secs(3600);
+/// Allowed `--metrics-interval`: each round queries the database.
+pub const METRICS_INTERVAL: RangeInclusive<Duration> =
+    Duration::from_millis(100)..=Duration::from_secs(3600);
+/// Allowed `--cleanup-interval`: each round deletes in a loop.
+pub const CLEANUP_INTERVAL: RangeInclusive<Duration> =
+    Duration::from_secs(1)..=Duration::from_secs(30 * 86400);
+/// Allowed `--retention` and `cleanup --older-than`: ten years keeps the
+/// databases' date arithmetic far from overflowing.
+pub const RETENTION: RangeInclusive<Duration> = Duration::ZERO..=Duration::from_secs(3650 * 86400);
+/// Allowed rows per cleanup `DELETE`: more would hold locks for long.
+pub const CLEANUP_BATCH_SIZE: RangeInclusive<u64> = 1..=100_000;
+/// Allowed `--max-attempts`.
+pub const MAX_ATTEMPTS: RangeInclusive<u64> = 1..=i32::MAX as u64;
+/// Allowed `--topic-partitions`.
+pub const TOPIC_PARTITIONS: RangeInclusive<u64> = 1..=i32::MAX as u64;
+/// Allowed `--topic-replication-factor` (a 16-bit field in Kafka's protocol).
+pub const TOPIC_REPLICATION_FACTOR: RangeInclusive<u64> = 1..=i16::MAX as u64;
+/// Longest `--instance-id`: the width of the shard tables' owner column.
+pub const MAX_INSTANCE_ID_LEN: usize = 64;
+/// The send timeout when none is given.
+const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A setting the relay cannot work with: a value out of its range, or two
+/// values that contradict each other. A usage error: the binary exits with
+/// code 2, like clap does for malformed options.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SettingsError(String);
+
+impl SettingsError {
+    fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
 
 /// The optional TOML file: every key is optional.
 #[derive(Debug, Default, Deserialize)]
@@ -30,19 +90,19 @@ pub struct FileConfig {
     sink: Option<SinkKind>,
     brokers: Option<String>,
     topic_template: Option<String>,
-    batch_size: Option<usize>,
+    batch_size: Option<u64>,
     poll_interval: Option<String>,
-    max_attempts: Option<i32>,
+    max_attempts: Option<i64>,
     create_topics: Option<bool>,
-    topic_partitions: Option<i32>,
-    topic_replication_factor: Option<i32>,
+    topic_partitions: Option<i64>,
+    topic_replication_factor: Option<i64>,
     send_timeout: Option<String>,
     delete_on_publish: Option<bool>,
     retention: Option<String>,
     cleanup_interval: Option<String>,
     cleanup: Option<bool>,
     cleanup_batch_size: Option<u64>,
-    shards: Option<u32>,
+    shards: Option<u64>,
     lease: Option<String>,
     instance_id: Option<String>,
     metrics_addr: Option<std::net::SocketAddr>,
@@ -53,26 +113,134 @@ pub struct FileConfig {
 
 impl FileConfig {
     /// Reads the file named by `--config`, or nothing.
-    pub fn load(path: Option<&Path>) -> anyhow::Result<Self> {
+    pub fn load(path: Option<&Path>) -> Result<Self, SettingsError> {
         let Some(path) = path else {
             return Ok(Self::default());
         };
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the config file {}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            SettingsError::new(format!(
+                "cannot read the config file {}: {error}",
+                path.display()
+            ))
+        })?;
         toml::from_str(&text).map_err(|error| {
-            let message = error.message().to_owned();
-            anyhow::anyhow!("invalid config file {}: {message}", path.display())
+            SettingsError::new(format!(
+                "invalid config file {}: {}",
+                path.display(),
+                error.message().trim()
+            ))
         })
     }
 
-    fn duration(&self, key: &str, value: &Option<String>) -> anyhow::Result<Option<Duration>> {
+    fn duration(
+        &self,
+        key: &str,
+        value: &Option<String>,
+    ) -> Result<Option<Duration>, SettingsError> {
         value
             .as_deref()
             .map(|text| {
-                parse_duration(text).map_err(|error| anyhow::anyhow!("config key `{key}`: {error}"))
+                parse_duration(text)
+                    .map_err(|error| SettingsError::new(format!("config key `{key}`: {error}")))
             })
             .transpose()
     }
+}
+
+/// A value from the command line (or its environment variable) or from
+/// the file, with the name to report it under.
+struct Given<T> {
+    value: T,
+    name: String,
+}
+
+/// The command line's value, else the file's, else none; named as the user
+/// gave it (`--flag`, or `config key `key``).
+fn given<T>(flag: &str, key: &str, arg: Option<T>, file: Option<T>) -> Option<Given<T>> {
+    match (arg, file) {
+        (Some(value), _) => Some(Given {
+            value,
+            name: flag.to_owned(),
+        }),
+        (None, Some(value)) => Some(Given {
+            value,
+            name: format!("config key `{key}`"),
+        }),
+        (None, None) => None,
+    }
+}
+
+/// `value` if `range` holds it; else an error naming the setting and the range.
+fn check_count(
+    name: &str,
+    value: impl TryInto<u64> + Display + Copy,
+    range: &RangeInclusive<u64>,
+) -> Result<u64, SettingsError> {
+    match TryInto::<u64>::try_into(value) {
+        Ok(number) if range.contains(&number) => Ok(number),
+        _ if *range.end() >= i32::MAX as u64 => Err(SettingsError::new(format!(
+            "{name} is {value}; it must be at least {}",
+            range.start()
+        ))),
+        _ => Err(SettingsError::new(format!(
+            "{name} is {value}; it must be {} to {}",
+            range.start(),
+            range.end()
+        ))),
+    }
+}
+
+/// `value` if `range` holds it; else an error naming the setting and the range.
+fn check_duration(
+    name: &str,
+    value: Duration,
+    range: &RangeInclusive<Duration>,
+) -> Result<Duration, SettingsError> {
+    if range.contains(&value) {
+        return Ok(value);
+    }
+    Err(SettingsError::new(format!(
+        "{name} is {}; it must be {} to {}",
+        shown(value),
+        shown(*range.start()),
+        shown(*range.end())
+    )))
+}
+
+/// `duration` in the largest unit that shows it exactly (`4000days`,
+/// `1h`, `500ms`), as `--help` and the error messages write the ranges.
+fn shown(duration: Duration) -> String {
+    const UNITS: [(u128, &str); 4] = [
+        (86_400_000, "days"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+    ];
+    let millis = duration.as_millis();
+    if !duration.subsec_nanos().is_multiple_of(1_000_000) {
+        return humantime::format_duration(duration).to_string();
+    }
+    if millis == 0 {
+        return "0s".to_owned();
+    }
+    UNITS
+        .iter()
+        .find(|(unit, _)| millis.is_multiple_of(*unit))
+        .map_or_else(
+            || format!("{millis}ms"),
+            |(unit, name)| format!("{}{name}", millis / unit),
+        )
+}
+
+/// A duration from the command line or the file (named), or `None`.
+fn given_duration(
+    flag: &str,
+    key: &str,
+    arg: Option<Duration>,
+    file: &FileConfig,
+    file_value: &Option<String>,
+) -> Result<Option<Given<Duration>>, SettingsError> {
+    Ok(given(flag, key, arg, file.duration(key, file_value)?))
 }
 
 /// The database URL from the command line, environment, file or default.
@@ -84,12 +252,31 @@ pub fn database_url(global: &GlobalArgs, file: &FileConfig) -> String {
         .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned())
 }
 
+/// Remembers every credential in the settings (the database URL's, secret
+/// librdkafka settings of `-X` and of the file's `[kafka]` table), so that
+/// no output of this process shows them; see [`crate::redact`].
+pub fn remember_credentials(cli: &Cli, file: &FileConfig) {
+    redact::remember_url_credentials(&database_url(&cli.global, file));
+    for (key, value) in &file.kafka {
+        redact::remember_setting(key, value);
+    }
+    if let Command::Run(args) = &cli.command {
+        for (key, value) in args
+            .kafka_options
+            .iter()
+            .filter_map(|option| option.split_once('='))
+        {
+            redact::remember_setting(key.trim(), value.trim());
+        }
+    }
+}
+
 /// The replication slot named on the command line, environment or file.
-pub fn slot_name(arg: Option<String>, file: &FileConfig) -> anyhow::Result<String> {
+pub fn slot_name(arg: Option<String>, file: &FileConfig) -> Result<String, SettingsError> {
     let slot = arg
         .or_else(|| file.slot.clone())
         .unwrap_or_else(|| DEFAULT_NAME.to_owned());
-    check_name("--slot", &slot)?;
+    check_name("--slot", &slot).map_err(|error| SettingsError::new(error.to_string()))?;
     Ok(slot)
 }
 
@@ -121,13 +308,30 @@ pub struct RunSettings {
 }
 
 impl RunSettings {
-    /// Merges the command line, environment and file.
+    /// Merges the command line, environment and file, and checks every
+    /// value against its range ([`SHARDS`], [`LEASE`], ...) and the
+    /// relations between them (a producer linger shorter than the send
+    /// timeout); those failures are [`SettingsError`]s. CDC mode on a
+    /// database other than PostgreSQL fails too.
     pub fn resolve(global: &GlobalArgs, args: RunArgs, file: &FileConfig) -> anyhow::Result<Self> {
         let database_url = database_url(global, file);
         let mode = args.mode.or(file.mode).unwrap_or_default();
         if mode == RunMode::Cdc && !crate::source::is_postgres(&database_url) {
-            let scheme = database_url.split(':').next().unwrap_or_default();
-            bail!(
+            // Only a well-formed scheme is shown: anything else may be a
+            // connection string with a password in it.
+            let scheme = database_url
+                .split_once(':')
+                .map(|(scheme, _)| scheme)
+                .filter(|scheme| {
+                    !scheme.is_empty()
+                        && scheme
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+                })
+                .unwrap_or("not PostgreSQL");
+            // Not a SettingsError: each setting is fine, the database is
+            // not the kind CDC mode needs (exit code 1).
+            anyhow::bail!(
                 "--mode cdc reads PostgreSQL's write-ahead log, but the database is {scheme}; \
                  use --mode poll"
             );
@@ -138,98 +342,168 @@ impl RunSettings {
             .clone()
             .or_else(|| file.publication.clone())
             .unwrap_or_else(|| DEFAULT_NAME.to_owned());
-        check_name("--publication", &publication)?;
+        check_name("--publication", &publication)
+            .map_err(|error| SettingsError::new(error.to_string()))?;
         let brokers = args.brokers.or_else(|| file.brokers.clone());
         let sink = args.sink.or(file.sink).unwrap_or(if brokers.is_some() {
             SinkKind::Kafka
         } else {
             SinkKind::Stdout
         });
-        let batch_size = args.batch_size.or(file.batch_size).unwrap_or(500);
-        if batch_size == 0 {
-            bail!("--batch-size must be at least 1");
-        }
-        let max_attempts = args.max_attempts.or(file.max_attempts).unwrap_or(10);
-        if max_attempts < 1 {
-            bail!("--max-attempts must be at least 1");
-        }
+        let batch_size = match given(
+            "--batch-size",
+            "batch_size",
+            args.batch_size,
+            file.batch_size,
+        ) {
+            Some(size) => check_count(&size.name, size.value, &BATCH_SIZE)? as usize,
+            None => 500,
+        };
+        let max_attempts = match given(
+            "--max-attempts",
+            "max_attempts",
+            args.max_attempts,
+            file.max_attempts,
+        ) {
+            Some(attempts) => check_count(&attempts.name, attempts.value, &MAX_ATTEMPTS)? as i32,
+            None => 10,
+        };
         let default_poll = if database_url.starts_with("postgres") {
             Duration::from_secs(1)
         } else {
             Duration::from_millis(100)
         };
-        let poll_interval = match args.poll_interval {
-            Some(interval) => interval,
-            None => file
-                .duration("poll_interval", &file.poll_interval)?
-                .unwrap_or(default_poll),
-        };
-        let send_timeout = match args.send_timeout {
-            Some(timeout) => timeout,
-            None => file
-                .duration("send_timeout", &file.send_timeout)?
-                .unwrap_or(Duration::from_secs(30)),
+        let poll_interval = match given_duration(
+            "--poll-interval",
+            "poll_interval",
+            args.poll_interval,
+            file,
+            &file.poll_interval,
+        )? {
+            Some(interval) => check_duration(&interval.name, interval.value, &POLL_INTERVAL)?,
+            None => default_poll,
         };
         let delete_on_publish = args.delete_on_publish || file.delete_on_publish.unwrap_or(false);
         let cleanup = !args.no_cleanup && file.cleanup.unwrap_or(true) && !delete_on_publish;
-        let retention = if cleanup {
-            let keep_for = match args.retention {
-                Some(keep_for) => keep_for,
-                None => file
-                    .duration("retention", &file.retention)?
-                    .unwrap_or(Retention::default().keep_for),
-            };
-            let interval = match args.cleanup_interval {
-                Some(interval) => interval,
-                None => file
-                    .duration("cleanup_interval", &file.cleanup_interval)?
-                    .unwrap_or(Retention::default().interval),
-            };
-            Some(Retention {
-                keep_for,
-                interval,
-                batch_size: file
-                    .cleanup_batch_size
-                    .unwrap_or(Retention::default().batch_size),
-            })
-        } else {
-            None
+        let defaults = Retention::default();
+        let keep_for = match given_duration(
+            "--retention",
+            "retention",
+            args.retention,
+            file,
+            &file.retention,
+        )? {
+            Some(keep_for) => check_duration(&keep_for.name, keep_for.value, &RETENTION)?,
+            None => defaults.keep_for,
         };
-        let shards = args.shards.or(file.shards).unwrap_or(16);
-        if shards == 0 {
-            bail!("--shards must be at least 1");
-        }
-        let lease = match args.lease {
-            Some(lease) => lease,
-            None => file
-                .duration("lease", &file.lease)?
-                .unwrap_or(Duration::from_secs(10)),
+        let cleanup_interval = match given_duration(
+            "--cleanup-interval",
+            "cleanup_interval",
+            args.cleanup_interval,
+            file,
+            &file.cleanup_interval,
+        )? {
+            Some(interval) => check_duration(&interval.name, interval.value, &CLEANUP_INTERVAL)?,
+            None => defaults.interval,
+        };
+        let cleanup_batch_size = match file.cleanup_batch_size {
+            Some(size) => {
+                check_count("config key `cleanup_batch_size`", size, &CLEANUP_BATCH_SIZE)?
+            }
+            None => defaults.batch_size,
+        };
+        let retention = cleanup.then_some(Retention {
+            keep_for,
+            interval: cleanup_interval,
+            batch_size: cleanup_batch_size,
+        });
+        let shards = match given("--shards", "shards", args.shards, file.shards) {
+            Some(shards) => check_count(&shards.name, shards.value, &SHARDS)? as u32,
+            None => 16,
+        };
+        let lease = match given_duration("--lease", "lease", args.lease, file, &file.lease)? {
+            Some(lease) => check_duration(&lease.name, lease.value, &LEASE)?,
+            None => Duration::from_secs(10),
         };
         // SQLite serves one relay per file: nothing to share.
         let sharding = !database_url.starts_with("sqlite:");
+        let send_timeout = given_duration(
+            "--send-timeout",
+            "send_timeout",
+            args.send_timeout,
+            file,
+            &file.send_timeout,
+        )?;
+        let send_timeout_name = send_timeout.as_ref().map_or_else(
+            || "--send-timeout".to_owned(),
+            |timeout| timeout.name.clone(),
+        );
+        let send_timeout = match send_timeout {
+            Some(timeout) => check_duration(&timeout.name, timeout.value, &SEND_TIMEOUT)?,
+            None => DEFAULT_SEND_TIMEOUT,
+        };
+        let instance = match given(
+            "--instance-id",
+            "instance_id",
+            args.instance_id.clone(),
+            file.instance_id.clone(),
+        ) {
+            Some(id) => check_instance_id(&id.name, id.value)?,
+            None => shorten_instance_id(default_instance_id()),
+        };
         let shard_config = sharding.then(|| ShardConfig {
             count: shards,
             lease,
-            instance: args
-                .instance_id
-                .clone()
-                .or_else(|| file.instance_id.clone())
-                .unwrap_or_else(default_instance_id),
+            instance,
             batch_timeout: send_timeout + lease,
         });
-        let metrics_interval = match args.metrics_interval {
-            Some(interval) => interval,
-            None => file
-                .duration("metrics_interval", &file.metrics_interval)?
-                .unwrap_or(Duration::from_secs(5)),
+        let metrics_interval = match given_duration(
+            "--metrics-interval",
+            "metrics_interval",
+            args.metrics_interval,
+            file,
+            &file.metrics_interval,
+        )? {
+            Some(interval) => check_duration(&interval.name, interval.value, &METRICS_INTERVAL)?,
+            None => Duration::from_secs(5),
         };
         let mut client_options: Vec<(String, String)> = file
             .kafka
             .iter()
             .map(|(key, value)| (key.clone(), value.clone()))
             .collect();
-        client_options.extend(args.kafka_options);
-        let defaults = KafkaOptions::default();
+        for option in &args.kafka_options {
+            client_options.push(
+                parse_key_value(option)
+                    .map_err(|error| SettingsError::new(format!("-X/--kafka-option: {error}")))?,
+            );
+        }
+        if sink == SinkKind::Kafka {
+            check_producer_options(&client_options, send_timeout, &send_timeout_name)?;
+        }
+        let kafka_defaults = KafkaOptions::default();
+        let topic_partitions = match given(
+            "--topic-partitions",
+            "topic_partitions",
+            args.topic_partitions,
+            file.topic_partitions,
+        ) {
+            Some(partitions) => {
+                check_count(&partitions.name, partitions.value, &TOPIC_PARTITIONS)? as i32
+            }
+            None => kafka_defaults.topic_partitions,
+        };
+        let topic_replication_factor = match given(
+            "--topic-replication-factor",
+            "topic_replication_factor",
+            args.topic_replication_factor,
+            file.topic_replication_factor,
+        ) {
+            Some(factor) => {
+                check_count(&factor.name, factor.value, &TOPIC_REPLICATION_FACTOR)? as i32
+            }
+            None => kafka_defaults.topic_replication_factor,
+        };
         Ok(Self {
             database_url,
             mode,
@@ -237,16 +511,10 @@ impl RunSettings {
             publication,
             sink,
             kafka: KafkaOptions {
-                brokers: brokers.unwrap_or(defaults.brokers),
+                brokers: brokers.unwrap_or(kafka_defaults.brokers),
                 create_topics: !args.no_create_topics && file.create_topics.unwrap_or(true),
-                topic_partitions: args
-                    .topic_partitions
-                    .or(file.topic_partitions)
-                    .unwrap_or(defaults.topic_partitions),
-                topic_replication_factor: args
-                    .topic_replication_factor
-                    .or(file.topic_replication_factor)
-                    .unwrap_or(defaults.topic_replication_factor),
+                topic_partitions,
+                topic_replication_factor,
                 send_timeout,
                 client_options,
             },
@@ -273,22 +541,104 @@ impl RunSettings {
     }
 }
 
-/// Everything `cleanup` needs.
-pub fn cleanup_retention(args: &CleanupArgs, file: &FileConfig) -> anyhow::Result<Retention> {
-    let defaults = Retention::default();
-    let keep_for = match args.older_than {
-        Some(keep_for) => keep_for,
-        None => file
-            .duration("retention", &file.retention)?
-            .unwrap_or(defaults.keep_for),
-    };
-    let batch_size = args
-        .batch_size
-        .or(file.cleanup_batch_size)
-        .unwrap_or(defaults.batch_size);
-    if batch_size == 0 {
-        bail!("--batch-size must be at least 1");
+/// librdkafka settings the relay sets itself because its guarantees rest on
+/// them, with the values it accepts from `-X`/`[kafka]` (its own).
+const GUARANTEED_PRODUCER_SETTINGS: [(&str, &[&str], &str); 6] = [
+    ("acks", &["all", "-1"], "acks=all"),
+    ("request.required.acks", &["all", "-1"], "acks=all"),
+    ("enable.idempotence", &["true"], "enable.idempotence=true"),
+    (
+        "enable.gapless.guarantee",
+        &["true"],
+        "enable.gapless.guarantee=true",
+    ),
+    ("message.timeout.ms", &["0"], "message.timeout.ms=0"),
+    ("delivery.timeout.ms", &["0"], "message.timeout.ms=0"),
+];
+
+/// Refuses producer settings the relay cannot work with: a linger that
+/// outlasts the send timeout (every batch would time out before it is
+/// sent), and changes to the settings no loss and per-aggregate order rest
+/// on.
+fn check_producer_options(
+    options: &[(String, String)],
+    send_timeout: Duration,
+    send_timeout_name: &str,
+) -> Result<(), SettingsError> {
+    for (key, value) in options {
+        let key = key.to_ascii_lowercase();
+        if let Some((_, allowed, own)) = GUARANTEED_PRODUCER_SETTINGS
+            .iter()
+            .find(|(name, _, _)| *name == key)
+            && !allowed.contains(&value.to_ascii_lowercase().as_str())
+        {
+            return Err(SettingsError::new(format!(
+                "-X {key}={value} is not allowed: the relay sets {own} itself, which \
+                 publishing every committed row in per-aggregate order rests on; remove it"
+            )));
+        }
+        if matches!(key.as_str(), "linger.ms" | "queue.buffering.max.ms")
+            && let Ok(millis) = value.parse::<f64>()
+            && millis >= 0.0
+            && Duration::from_secs_f64(millis.min(1e12) / 1000.0) >= send_timeout
+        {
+            return Err(SettingsError::new(format!(
+                "-X {key}={value} is not shorter than {send_timeout_name} {}: every batch would \
+                 time out before the producer sends it; use a linger well below the send timeout",
+                shown(send_timeout)
+            )));
+        }
     }
+    Ok(())
+}
+
+/// An instance id that fits the shard tables' owner column.
+fn check_instance_id(name: &str, id: String) -> Result<String, SettingsError> {
+    let length = id.chars().count();
+    if id.trim().is_empty() || length > MAX_INSTANCE_ID_LEN || id.contains(char::is_control) {
+        return Err(SettingsError::new(format!(
+            "{name} must be 1 to {MAX_INSTANCE_ID_LEN} printable characters, \
+             unique among the relays of the database (got {length} characters)"
+        )));
+    }
+    Ok(id)
+}
+
+/// The default `host-pid-random` id, keeping its unique end when a long
+/// host name would make it too long for the owner column.
+fn shorten_instance_id(id: String) -> String {
+    let length = id.chars().count();
+    if length <= MAX_INSTANCE_ID_LEN {
+        return id;
+    }
+    id.chars().skip(length - MAX_INSTANCE_ID_LEN).collect()
+}
+
+/// Everything `cleanup` needs.
+pub fn cleanup_retention(
+    args: &CleanupArgs,
+    file: &FileConfig,
+) -> Result<Retention, SettingsError> {
+    let defaults = Retention::default();
+    let keep_for = match given_duration(
+        "--older-than",
+        "retention",
+        args.older_than,
+        file,
+        &file.retention,
+    )? {
+        Some(keep_for) => check_duration(&keep_for.name, keep_for.value, &RETENTION)?,
+        None => defaults.keep_for,
+    };
+    let batch_size = match given(
+        "--batch-size",
+        "cleanup_batch_size",
+        args.batch_size,
+        file.cleanup_batch_size,
+    ) {
+        Some(size) => check_count(&size.name, size.value, &CLEANUP_BATCH_SIZE)?,
+        None => defaults.batch_size,
+    };
     Ok(Retention {
         keep_for,
         batch_size,
@@ -394,6 +744,87 @@ mod tests {
             RunSettings::resolve(&global(None), RunArgs::default(), &FileConfig::default())
                 .unwrap();
         assert_eq!(defaults.mode, RunMode::Poll);
+    }
+
+    #[test]
+    fn producer_settings_must_leave_the_relay_able_to_send() {
+        let resolve = |send: Option<u64>, options: &[&str]| {
+            let args = RunArgs {
+                sink: Some(SinkKind::Kafka),
+                send_timeout: send.map(Duration::from_secs),
+                kafka_options: options.iter().map(|option| option.to_string()).collect(),
+                ..RunArgs::default()
+            };
+            RunSettings::resolve(
+                &global(Some("postgres://db/x")),
+                args,
+                &FileConfig::default(),
+            )
+        };
+        let error = resolve(Some(2), &["linger.ms=3000"]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "-X linger.ms=3000 is not shorter than --send-timeout 2s: every batch would time out \
+             before the producer sends it; use a linger well below the send timeout"
+        );
+        assert!(resolve(None, &["queue.buffering.max.ms=30000"]).is_err());
+        assert!(resolve(None, &["linger.ms=3000", "compression.type=lz4"]).is_ok());
+        let error = resolve(None, &["acks=1"]).unwrap_err().to_string();
+        assert!(
+            error.starts_with("-X acks=1 is not allowed: the relay sets acks=all"),
+            "{error}"
+        );
+        for refused in [
+            "enable.idempotence=false",
+            "message.timeout.ms=5000",
+            "delivery.timeout.ms=5000",
+            "enable.gapless.guarantee=false",
+            "request.required.acks=0",
+        ] {
+            assert!(resolve(None, &[refused]).is_err(), "{refused}");
+        }
+        assert!(resolve(None, &["acks=all", "enable.idempotence=true"]).is_ok());
+        // Another sink ignores them.
+        let args = RunArgs {
+            sink: Some(SinkKind::Stdout),
+            kafka_options: vec!["acks=1".into()],
+            ..RunArgs::default()
+        };
+        assert!(RunSettings::resolve(&global(None), args, &FileConfig::default()).is_ok());
+    }
+
+    #[test]
+    fn ranges_are_written_the_way_they_are_typed() {
+        assert_eq!(shown(Duration::ZERO), "0s");
+        assert_eq!(shown(Duration::from_millis(10)), "10ms");
+        assert_eq!(shown(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(shown(Duration::from_secs(90)), "90s");
+        assert_eq!(shown(Duration::from_secs(3600)), "1h");
+        assert_eq!(shown(Duration::from_secs(4000 * 86400)), "4000days");
+        assert_eq!(shown(Duration::from_micros(1)), "1us");
+        for text in ["0s", "10ms", "1500ms", "90s", "1h", "4000days"] {
+            assert_eq!(shown(parse_duration(text).unwrap()), text);
+        }
+        let error = check_count("--shards", 3_000_000_000u64, &SHARDS).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "--shards is 3000000000; it must be 1 to 4096"
+        );
+        let error = check_count("--max-attempts", -1i64, &MAX_ATTEMPTS).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "--max-attempts is -1; it must be at least 1"
+        );
+    }
+
+    #[test]
+    fn a_long_host_name_keeps_the_default_instance_id_unique_and_short() {
+        let id = format!("{}-4242-abcdef", "h".repeat(70));
+        let short = shorten_instance_id(id);
+        assert_eq!(short.len(), MAX_INSTANCE_ID_LEN);
+        assert!(short.ends_with("-4242-abcdef"));
+        assert_eq!(shorten_instance_id("relay-1".into()), "relay-1");
+        assert!(check_instance_id("--instance-id", "a\nb".into()).is_err());
     }
 
     #[test]
