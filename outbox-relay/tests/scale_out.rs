@@ -12,7 +12,7 @@ use outbox_tests::kafka;
 use outbox_tests::process::RelayProcess;
 use outbox_tests::stream::{append_events, check_stream};
 use outbox_tests::{Backend, TestDb};
-use sea_orm::DatabaseConnection;
+use sea_orm::{ConnectionTrait, DatabaseConnection};
 
 const RELAY: &str = env!("CARGO_BIN_EXE_outbox-relay");
 
@@ -29,13 +29,14 @@ impl Cluster {
             "run",
             "--instance-id",
             instance,
-            "--batch-size",
-            "50",
             "--poll-interval",
             "100ms",
             "--topic-template",
             &self.template,
         ];
+        if !self.extra.iter().any(|arg| arg == "--batch-size") {
+            args.extend(["--batch-size", "50"]);
+        }
         args.extend(self.extra.iter().map(String::as_str));
         RelayProcess::spawn(
             Path::new(RELAY),
@@ -331,4 +332,180 @@ async fn two_relays_on_mariadb_share_the_work_in_order() {
     );
     check_stream(&messages, &ids);
     t.drop().await;
+}
+
+/// A relay paused (SIGSTOP) in the middle of draining a backlog of big
+/// payloads, where its claim statement may be blocked on sending rows to
+/// the stopped process, loses its shards within the lease plus a heartbeat
+/// or two: the other relay takes them over, ends the paused relay's
+/// database sessions (freeing the rows they hold) and publishes everything
+/// during the pause. Resumed, the paused relay sends nothing more.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_paused_mid_claim_frees_its_rows_within_the_lease() {
+    const EVENTS: i64 = 2400;
+    const AGGREGATES: i64 = 20;
+    let brokers = kafka::brokers();
+    let topics = kafka::topic_prefix("paused-big");
+    let t = TestDb::new(Backend::Postgres).await;
+    // 50 KB payloads, each aggregate's events numbered 1, 2, ... as the
+    // library would number them.
+    t.db.execute_unprepared(&format!(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, aggregate_seq) \
+         SELECT gen_random_uuid(), 'Invoice', 'agg-' || (g % {AGGREGATES}), 'InvoiceIssued', \
+           json_build_object('n', g, 'blob', repeat(md5(g::text), 1600)), g / {AGGREGATES} + 1 \
+         FROM generate_series(0, {EVENTS} - 1) AS g"
+    ))
+    .await
+    .unwrap();
+    let ids = all_ids(&t).await;
+    let lease = Duration::from_secs(5);
+    let cluster = Cluster {
+        url: t.url.clone(),
+        brokers: brokers.clone(),
+        template: format!("{topics}.{{aggregatetype}}"),
+        extra: vec![
+            "--lease".into(),
+            "5s".into(),
+            "--send-timeout".into(),
+            "5s".into(),
+            "--batch-size".into(),
+            "200".into(),
+        ],
+    };
+    let paused = cluster.start("relay-paused");
+    let other = cluster.start("relay-other");
+    let under_way = Instant::now() + Duration::from_secs(30);
+    while owners(&t).await.len() < 2 || t.count("outbox WHERE published_at IS NOT NULL").await < 100
+    {
+        assert!(
+            Instant::now() < under_way,
+            "the relays did not start draining; their logs:\n{}\n{}",
+            paused.stderr().join("\n"),
+            other.stderr().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    paused.signal("STOP");
+    let stopped = Instant::now();
+    // The pending rows of the paused relay's shards (the shard of a row as
+    // the relay computes it, 16 shards).
+    let paused_shards: Vec<String> = owned_shards(&t, "relay-paused")
+        .await
+        .iter()
+        .map(i32::to_string)
+        .collect();
+    let of_paused_shards = format!(
+        "outbox WHERE published_at IS NULL AND \
+         ((hashtextextended(aggregatetype || '/' || aggregateid, 0) % 16) + 16) % 16 IN ({})",
+        paused_shards.join(", ")
+    );
+    let stranded = t.count(&of_paused_shards).await;
+    assert!(stranded > 0, "the paused relay's shards hold pending rows");
+    // Within the lease, a heartbeat and a claim, the other relay publishes
+    // some of them: the paused relay's claims, which hold the earliest
+    // rows of their aggregates, no longer block them.
+    let bound = lease + Duration::from_secs(3);
+    while t.count(&of_paused_shards).await == stranded {
+        assert!(
+            stopped.elapsed() < bound,
+            "none of the {stranded} pending events of the paused relay's shards was published \
+             {bound:?} after it stopped (lease {lease:?}); other relay's log:\n{}",
+            other.stderr().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let taken_over_after = stopped.elapsed();
+    let pause = Duration::from_secs(60);
+    while t.count("outbox WHERE published_at IS NULL").await > 0 {
+        assert!(
+            stopped.elapsed() < pause,
+            "the other relay did not publish everything during a {pause:?} pause: {} pending",
+            t.count("outbox WHERE published_at IS NULL").await,
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let drained_after = stopped.elapsed();
+    let published_before_resume = topic_end(&brokers, &format!("{topics}.Invoice"));
+    paused.signal("CONT");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after_resume = topic_end(&brokers, &format!("{topics}.Invoice"));
+    assert_eq!(
+        after_resume,
+        published_before_resume,
+        "the resumed relay published {} messages of shards it no longer owned; its log:\n{}",
+        after_resume - published_before_resume,
+        paused.stderr().join("\n")
+    );
+
+    // Every message on the topic, duplicates included.
+    let messages = kafka::consume(
+        &brokers,
+        &format!("{topics}.Invoice"),
+        after_resume as usize,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    let report = check_stream(&messages, &ids);
+    eprintln!(
+        "paused relay's shards moving {taken_over_after:?} after the pause began; \
+         drained {} events after {drained_after:?}; {} duplicates",
+        ids.len(),
+        report.duplicates
+    );
+    t.drop().await;
+}
+
+/// The shards `owner` holds.
+async fn owned_shards(t: &TestDb, owner: &str) -> Vec<i32> {
+    let rows = sea_orm::ConnectionTrait::query_all_raw(
+        &t.db,
+        sea_orm::Statement::from_sql_and_values(
+            t.db_backend(),
+            "SELECT shard FROM outbox_relay_shard WHERE owner = $1",
+            [owner.into()],
+        ),
+    )
+    .await
+    .unwrap();
+    rows.iter()
+        .map(|row| row.try_get_by_index(0).unwrap())
+        .collect()
+}
+
+/// Every event id in the outbox.
+async fn all_ids(t: &TestDb) -> Vec<String> {
+    let rows = sea_orm::ConnectionTrait::query_all_raw(
+        &t.db,
+        sea_orm::Statement::from_string(t.db_backend(), "SELECT id::text FROM outbox"),
+    )
+    .await
+    .unwrap();
+    rows.iter()
+        .map(|row| row.try_get_by_index(0).unwrap())
+        .collect()
+}
+
+/// The number of messages on `topic` (partition 0's high watermark plus
+/// the others').
+fn topic_end(brokers: &str, topic: &str) -> i64 {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("watermarks-{}", uuid::Uuid::now_v7()))
+        .create()
+        .expect("consumer");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("topic metadata");
+    metadata.topics()[0]
+        .partitions()
+        .iter()
+        .map(|partition| {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, partition.id(), Duration::from_secs(10))
+                .expect("watermarks");
+            high - low
+        })
+        .sum()
 }

@@ -3,16 +3,22 @@
 //! replica and retries inside the producer neither duplicate nor reorder it.
 //!
 //! Per-partition order is never traded for liveness. librdkafka may leave a
-//! gap when messages expire in its queue (`message.timeout.ms`), letting a
+//! gap when a message fails (for example expires in its queue), letting a
 //! later message of the same partition be written first, so the producer is
-//! configured never to expire messages (`message.timeout.ms=0`) and to stop
-//! rather than leave a gap after a failed batch
-//! (`enable.gapless.guarantee`). Instead the sink bounds each batch with its
-//! own send timeout: when acknowledgements do not arrive in time, or the
-//! producer hit a fatal error, it purges every queued message at once and
-//! replaces the producer. Purging drops a partition's whole queue, never a
-//! message in its middle, and unacknowledged rows stay pending, so an
-//! aggregate's events are re-sent in order.
+//! configured to stop rather than leave a gap (`enable.gapless.guarantee`):
+//! a failure that would leave one is a fatal error. The sink bounds each
+//! batch with its own send timeout: when acknowledgements do not arrive in
+//! time, or the producer hit a fatal error, it purges every queued message
+//! at once and replaces the producer. Purging drops a partition's whole
+//! queue, never a message in its middle, and unacknowledged rows stay
+//! pending, so an aggregate's events are re-sent in order.
+//!
+//! Messages also expire in librdkafka after the send timeout
+//! (`message.timeout.ms`), which it checks before it sends anything after a
+//! pause: a relay stopped (SIGSTOP) with messages queued, whose shards
+//! moved to another relay meanwhile, does not send them when it resumes
+//! (the expiry is a fatal error, and the producer is replaced). Only
+//! requests librdkafka had already built for the socket may still go out.
 //!
 //! A batch is enqueued at once and its delivery reports awaited together.
 //! Topics are looked up (and, unless turned off, created through the admin
@@ -130,7 +136,10 @@ impl KafkaSink {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "2")
-            .set("message.timeout.ms", "0")
+            .set(
+                "message.timeout.ms",
+                options.send_timeout.as_millis().max(1).to_string(),
+            )
             .set("enable.gapless.guarantee", "true")
             .set("client.id", "outbox-relay");
         for (key, value) in &options.client_options {

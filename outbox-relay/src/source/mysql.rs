@@ -62,6 +62,10 @@ impl MySqlSource {
             .shards
             .as_ref()
             .map(|shards| shards.batch_timeout.as_secs().max(1));
+        let net_write_timeout = options
+            .shards
+            .as_ref()
+            .map_or(60, |shards| shards.lease.as_secs().max(1));
         let pool = MySqlPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(10))
@@ -77,6 +81,14 @@ impl MySqlSource {
                         sqlx::query("SET SESSION innodb_lock_wait_timeout = 5")
                             .execute(&mut *conn)
                             .await?;
+                        // A relay paused while the server sends it a claim's
+                        // rows blocks the server's write: the server gives up
+                        // after this long and ends the claim, freeing its rows.
+                        sqlx::query(AssertSqlSafe(format!(
+                            "SET SESSION net_write_timeout = {net_write_timeout}"
+                        )))
+                        .execute(&mut *conn)
+                        .await?;
                         // MariaDB ends a paused relay's claim, releasing its
                         // rows; MySQL has no such variable.
                         let _ = sqlx::query(AssertSqlSafe(format!(
@@ -154,7 +166,8 @@ impl Source for MySqlSource {
                 (records, Vec::new())
             }
             Some(sharding) => {
-                let owned = owned_shards(&mut txn, &sharding.config.instance, true).await?;
+                let owned =
+                    owned_shards(&mut txn, &sharding.config.instance, ShardCheck::Claim).await?;
                 if owned.is_empty() {
                     (Vec::new(), owned)
                 } else {
@@ -362,17 +375,33 @@ async fn dead_letters(pool: &MySqlPool) -> Result<Vec<DeadLetter>, SourceError> 
     .await?)
 }
 
-/// This instance's shards and their epochs, share-locked when claiming.
+/// Why [`owned_shards`] reads the shard rows.
+#[derive(Debug, Clone, Copy)]
+enum ShardCheck {
+    /// At a claim: the shards with a current lease, unlocked, so that no
+    /// renewal or takeover ever waits for a claim (a long send, a paused
+    /// relay); fencing at the mark covers a change of owner meanwhile.
+    Claim,
+    /// At the mark: share-locked until the commit, so that no takeover
+    /// slips in between the epoch check and the mark.
+    Mark,
+}
+
+/// This instance's shards and their epochs.
 async fn owned_shards(
     txn: &mut Transaction<'static, MySql>,
     instance: &str,
-    lock: bool,
+    check: ShardCheck,
 ) -> Result<Vec<(i64, i64)>, sqlx::Error> {
-    let sql = if lock {
-        "SELECT shard, epoch FROM outbox_relay_shard \
-         WHERE owner = ? AND lease_until > UTC_TIMESTAMP(6) ORDER BY shard LOCK IN SHARE MODE"
-    } else {
-        "SELECT shard, epoch FROM outbox_relay_shard WHERE owner = ? ORDER BY shard"
+    let sql = match check {
+        ShardCheck::Claim => {
+            "SELECT shard, epoch FROM outbox_relay_shard \
+             WHERE owner = ? AND lease_until > UTC_TIMESTAMP(6) ORDER BY shard"
+        }
+        ShardCheck::Mark => {
+            "SELECT shard, epoch FROM outbox_relay_shard WHERE owner = ? ORDER BY shard \
+             LOCK IN SHARE MODE"
+        }
     };
     let rows = sqlx::query(sql)
         .bind(instance)
@@ -402,7 +431,8 @@ impl Claim for MySqlClaim {
 
     async fn settle(mut self: Box<Self>, settlement: &Settlement) -> Result<(), SourceError> {
         if let Some(fencing) = &self.fencing {
-            fencing.check(&owned_shards(&mut self.txn, &fencing.instance, false).await?)?;
+            fencing
+                .check(&owned_shards(&mut self.txn, &fencing.instance, ShardCheck::Mark).await?)?;
         }
         if !settlement.published.is_empty() {
             let action = if self.delete_on_publish {
@@ -492,7 +522,7 @@ impl ShardStore for MySqlShardStore {
         Ok(live as usize)
     }
 
-    async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<i32>, SourceError> {
+    async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<(i32, i64)>, SourceError> {
         sqlx::query(AssertSqlSafe(format!(
             "UPDATE outbox_relay_shard SET lease_until = {LEASE_END} WHERE owner = ?"
         )))
@@ -501,7 +531,7 @@ impl ShardStore for MySqlShardStore {
         .execute(&self.pool)
         .await?;
         Ok(
-            sqlx::query_scalar("SELECT shard FROM outbox_relay_shard WHERE owner = ?")
+            sqlx::query_as("SELECT shard, epoch FROM outbox_relay_shard WHERE owner = ?")
                 .bind(instance)
                 .fetch_all(&self.pool)
                 .await?,
@@ -513,10 +543,10 @@ impl ShardStore for MySqlShardStore {
         instance: &str,
         lease: Duration,
         want: usize,
-    ) -> Result<Vec<i32>, SourceError> {
+    ) -> Result<Vec<(i32, i64)>, SourceError> {
         let mut txn = self.pool.begin().await?;
-        let free: Vec<i32> = sqlx::query_scalar(
-            "SELECT shard FROM outbox_relay_shard \
+        let free: Vec<(i32, i64)> = sqlx::query_as(
+            "SELECT shard, epoch FROM outbox_relay_shard \
              WHERE owner IS NULL OR lease_until < UTC_TIMESTAMP(6) \
              ORDER BY shard LIMIT ? FOR UPDATE SKIP LOCKED",
         )
@@ -532,13 +562,16 @@ impl ShardStore for MySqlShardStore {
             let mut query = sqlx::query(AssertSqlSafe(sql))
                 .bind(instance)
                 .bind(micros(lease));
-            for shard in &free {
+            for (shard, _) in &free {
                 query = query.bind(shard);
             }
             query.execute(&mut *txn).await?;
         }
         txn.commit().await?;
-        Ok(free)
+        Ok(free
+            .into_iter()
+            .map(|(shard, epoch)| (shard, epoch + 1))
+            .collect())
     }
 
     async fn release(&self, instance: &str, shards: &[i32]) -> Result<(), SourceError> {

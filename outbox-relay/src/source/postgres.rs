@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use tokio::sync::Mutex;
 
@@ -152,17 +152,31 @@ impl PostgresSource {
     /// Connects a small pool, checks that the server answers and, with
     /// shards configured, joins their ownership.
     pub async fn connect(url: &str, options: SourceOptions) -> Result<Self, SourceError> {
+        let connect_error = |source| SourceError::Connect {
+            url: crate::redact::redact_url(url),
+            source,
+        };
+        // Every session of the relay carries its instance id (unless the
+        // URL names the application), so that an instance taking over
+        // shards whose owner stopped renewing can end that owner's sessions
+        // and free the rows they hold.
+        let mut connect_options = url.parse::<PgConnectOptions>().map_err(connect_error)?;
+        if connect_options.get_application_name().is_none() {
+            let application_name = options
+                .shards
+                .as_ref()
+                .map_or("outbox-relay", |shards| shards.instance.as_str());
+            connect_options = connect_options.application_name(application_name);
+        }
         let pool = PgPoolOptions::new()
-            // The listener, two open claims (one at the broker, one claimed
-            // ahead), and the heartbeat, retention and backlog sampling.
+            // Two open claims (one at the broker, one claimed ahead), and
+            // retention and backlog sampling; the listener and the shard
+            // heartbeat have connections of their own.
             .max_connections(6)
             .acquire_timeout(Duration::from_secs(10))
-            .connect(url)
+            .connect_with(connect_options.clone())
             .await
-            .map_err(|source| SourceError::Connect {
-                url: crate::redact::redact_url(url),
-                source,
-            })?;
+            .map_err(connect_error)?;
         let mut source = Self {
             pool: pool.clone(),
             listener: Mutex::new(None),
@@ -172,7 +186,28 @@ impl PostgresSource {
         };
         if let Some(config) = options.shards {
             source.check_table().await?;
-            let store = Arc::new(PgShardStore { pool });
+            // A connection of its own, whose statements time out well within
+            // the lease: renewals never wait for a claim's connection.
+            let statement_timeout = (config.lease / 3).as_millis().max(100);
+            let heartbeat_pool = PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(config.lease / 3)
+                .after_connect(move |connection, _meta| {
+                    Box::pin(async move {
+                        sqlx::query(AssertSqlSafe(format!(
+                            "SET statement_timeout = {statement_timeout}"
+                        )))
+                        .execute(connection)
+                        .await?;
+                        Ok(())
+                    })
+                })
+                .connect_with(connect_options)
+                .await
+                .map_err(connect_error)?;
+            let store = Arc::new(PgShardStore {
+                pool: heartbeat_pool,
+            });
             let (membership, heartbeat) = shards::join(store.clone(), config.clone()).await?;
             source.sharding = Some(Sharding {
                 config,
@@ -551,7 +586,11 @@ async fn dead_letters(pool: &PgPool) -> Result<Vec<DeadLetter>, SourceError> {
     .await?)
 }
 
-/// This instance's shards and their epochs, `FOR SHARE` when claiming.
+/// This instance's shards and their epochs; when claiming, only those with
+/// a current lease, `FOR KEY SHARE`: a lock that no renewal or takeover
+/// (an `UPDATE` of non-key columns) waits for, so a long or paused claim
+/// never holds up the heartbeats. Fencing at the mark keeps a batch whose
+/// shard changed owner meanwhile from being marked.
 async fn owned_shards(
     txn: &mut Transaction<'static, Postgres>,
     instance: &str,
@@ -559,7 +598,7 @@ async fn owned_shards(
 ) -> Result<Vec<(i64, i64)>, sqlx::Error> {
     let sql = if lock {
         "SELECT shard::bigint, epoch FROM outbox_relay_shard \
-         WHERE owner = $1 AND lease_until > now() ORDER BY shard FOR SHARE"
+         WHERE owner = $1 AND lease_until > now() ORDER BY shard FOR KEY SHARE"
     } else {
         "SELECT shard::bigint, epoch FROM outbox_relay_shard WHERE owner = $1 ORDER BY shard"
     };
@@ -661,6 +700,37 @@ fn uuids<'a>(ids: impl Iterator<Item = &'a String>) -> Result<Vec<uuid::Uuid>, S
     .collect()
 }
 
+/// Ends the database sessions of `owner`, an instance whose lease expired
+/// while it held shards: a relay paused or frozen in the middle of a claim
+/// keeps that claim's rows locked (a statement blocked on sending rows to
+/// a stopped client is not idle, so no idle timeout ends it) until its
+/// session ends. Its sessions carry its id as `application_name`. A
+/// resumed owner finds its connections closed and its lease gone, and
+/// sends nothing more of those shards.
+async fn end_sessions_of(pool: &PgPool, owner: &str) {
+    let ended = sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = left($1, 63) AND datname = current_database() \
+         AND pid <> pg_backend_pid()",
+    )
+    .bind(owner)
+    .fetch_one(pool)
+    .await;
+    match ended {
+        Ok(0) => {}
+        Ok(ended) => tracing::warn!(
+            owner,
+            ended,
+            "took over shards whose owner stopped renewing its lease; ended its database sessions"
+        ),
+        Err(error) => tracing::warn!(
+            owner,
+            %error,
+            "cannot end the sessions of the shards' previous owner; its claims end with their timeouts"
+        ),
+    }
+}
+
 /// Shard ownership statements on PostgreSQL.
 struct PgShardStore {
     pool: PgPool,
@@ -709,10 +779,10 @@ impl ShardStore for PgShardStore {
         Ok(live as usize)
     }
 
-    async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<i32>, SourceError> {
-        Ok(sqlx::query_scalar(
+    async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<(i32, i64)>, SourceError> {
+        Ok(sqlx::query_as(
             "UPDATE outbox_relay_shard SET lease_until = now() + make_interval(secs => $2) \
-             WHERE owner = $1 RETURNING shard",
+             WHERE owner = $1 RETURNING shard, epoch",
         )
         .bind(instance)
         .bind(lease.as_secs_f64())
@@ -725,20 +795,35 @@ impl ShardStore for PgShardStore {
         instance: &str,
         lease: Duration,
         want: usize,
-    ) -> Result<Vec<i32>, SourceError> {
-        Ok(sqlx::query_scalar(
-            "UPDATE outbox_relay_shard SET owner = $1, epoch = epoch + 1, \
-             lease_until = now() + make_interval(secs => $2) \
-             WHERE shard IN (SELECT shard FROM outbox_relay_shard \
+    ) -> Result<Vec<(i32, i64)>, SourceError> {
+        let taken: Vec<(i32, i64, Option<String>)> = sqlx::query_as(
+            "WITH free AS (SELECT shard, owner FROM outbox_relay_shard \
                WHERE owner IS NULL OR lease_until < now() \
-               ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED) \
-             RETURNING shard",
+               ORDER BY shard LIMIT $3 FOR NO KEY UPDATE SKIP LOCKED) \
+             UPDATE outbox_relay_shard AS s SET owner = $1, epoch = s.epoch + 1, \
+               lease_until = now() + make_interval(secs => $2) \
+             FROM free WHERE s.shard = free.shard \
+             RETURNING s.shard, s.epoch, free.owner",
         )
         .bind(instance)
         .bind(lease.as_secs_f64())
         .bind(want as i64)
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        let mut stale: Vec<&str> = taken
+            .iter()
+            .filter_map(|(_, _, owner)| owner.as_deref())
+            .filter(|owner| *owner != instance)
+            .collect();
+        stale.sort_unstable();
+        stale.dedup();
+        for owner in stale {
+            end_sessions_of(&self.pool, owner).await;
+        }
+        Ok(taken
+            .into_iter()
+            .map(|(shard, epoch, _)| (shard, epoch))
+            .collect())
     }
 
     async fn release(&self, instance: &str, shards: &[i32]) -> Result<(), SourceError> {

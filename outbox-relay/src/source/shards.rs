@@ -9,11 +9,17 @@
 //! when instances join and picking up shards whose owner stopped (released
 //! at once) or died (lease expired).
 //!
-//! A claim holds its shard rows share-locked until the batch is marked, so
-//! no other instance can take them over mid-batch; the mark re-checks the
-//! epochs (fencing); and the relay does not publish a batch once its local
-//! view of the lease has expired (for example after being paused).
+//! A claim reads its shards without holding up renewals or takeovers (a
+//! lease is renewed on a connection of its own, and never waits for the
+//! relay's own claims); the mark re-checks the epochs (fencing); and the
+//! relay does not publish a batch unless its local view still holds the
+//! batch's shards under the epochs it claimed them with, with a lease
+//! covering now (not after a pause, nor after the shards changed owner).
+//! An instance that takes over shards whose lease expired ends the previous
+//! owner's database sessions where the database allows it (PostgreSQL), so
+//! that the rows a paused or frozen claim holds are freed at once.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,16 +82,18 @@ pub(crate) trait ShardStore: Send + Sync {
     /// returns the number of live ones (this one included).
     async fn heartbeat(&self, instance: &str, lease: Duration) -> Result<usize, SourceError>;
 
-    /// Extends the leases of the shards this instance owns; returns them.
-    async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<i32>, SourceError>;
+    /// Extends the leases of the shards this instance owns; returns them
+    /// with their epochs.
+    async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<(i32, i64)>, SourceError>;
 
-    /// Takes up to `want` free or expired shards; returns those taken.
+    /// Takes up to `want` free or expired shards; returns those taken, with
+    /// their new epochs.
     async fn acquire(
         &self,
         instance: &str,
         lease: Duration,
         want: usize,
-    ) -> Result<Vec<i32>, SourceError>;
+    ) -> Result<Vec<(i32, i64)>, SourceError>;
 
     /// Gives up `shards`.
     async fn release(&self, instance: &str, shards: &[i32]) -> Result<(), SourceError>;
@@ -97,22 +105,40 @@ pub(crate) trait ShardStore: Send + Sync {
 /// This instance's view of its shards, kept current by [`run_membership`].
 #[derive(Debug, Default)]
 pub(crate) struct Membership {
-    lease_valid_until: Mutex<Option<Instant>>,
+    lease: Mutex<Lease>,
+}
+
+/// The shards held at the last successful renewal, and until when.
+#[derive(Debug, Default)]
+struct Lease {
+    valid_until: Option<Instant>,
+    /// Shard to epoch.
+    owned: HashMap<i64, i64>,
 }
 
 impl Membership {
-    /// Whether the last successful renewal still covers `now`.
-    pub fn lease_valid(&self, now: Instant) -> bool {
-        self.lease_valid_until
-            .lock()
-            .expect("membership lock")
-            .is_some_and(|until| now < until)
+    /// Whether, as of the last renewal and still at `now`, this instance
+    /// holds every one of the `(shard, epoch)` pairs: a batch claimed
+    /// under them may be sent. False once the lease ran out (after a
+    /// pause, say), and false for good once any of them changed owner,
+    /// even if this instance renewed its other shards since.
+    pub fn holds(&self, now: Instant, claimed: &[(i64, i64)]) -> bool {
+        let lease = self.lease.lock().expect("membership lock");
+        lease.valid_until.is_some_and(|until| now < until)
+            && claimed
+                .iter()
+                .all(|(shard, epoch)| lease.owned.get(shard) == Some(epoch))
     }
 
-    fn renewed(&self, at: Instant, lease: Duration) {
+    fn renewed(&self, at: Instant, lease: Duration, owned: &[(i32, i64)]) {
         // A margin for clock drift between the relay and the database.
         let valid = lease.mul_f32(0.8);
-        *self.lease_valid_until.lock().expect("membership lock") = Some(at + valid);
+        let mut state = self.lease.lock().expect("membership lock");
+        state.valid_until = Some(at + valid);
+        state.owned = owned
+            .iter()
+            .map(|(shard, epoch)| (i64::from(*shard), *epoch))
+            .collect();
     }
 }
 
@@ -127,9 +153,10 @@ pub(crate) struct Fencing {
 }
 
 impl Fencing {
-    /// Whether the lease, as this instance knows it, still covers now.
+    /// Whether, as this instance knows it, it still holds the claim's
+    /// shards under the same epochs, with a lease covering now.
     pub fn lease_valid(&self) -> bool {
-        self.membership.lease_valid(Instant::now())
+        self.membership.holds(Instant::now(), &self.owned)
     }
 
     /// Fails with the shards whose owner or epoch changed since the claim.
@@ -192,11 +219,17 @@ async fn round(
         .await?
         .max(1);
     let mut owned = store.renew(&config.instance, config.lease).await?;
-    membership.renewed(started, config.lease);
+    membership.renewed(started, config.lease, &owned);
     let fair = (config.count as usize).div_ceil(live);
     if owned.len() > fair {
         owned.sort_unstable();
-        let extra = owned.split_off(fair);
+        let extra: Vec<i32> = owned
+            .split_off(fair)
+            .into_iter()
+            .map(|(shard, _)| shard)
+            .collect();
+        // Given up in the view first: no batch of them is sent from now on.
+        membership.renewed(started, config.lease, &owned);
         store.release(&config.instance, &extra).await?;
         tracing::info!(released = ?extra, live, "handed shards over to other instances");
     } else if owned.len() < fair {
@@ -204,9 +237,11 @@ async fn round(
             .acquire(&config.instance, config.lease, fair - owned.len())
             .await?;
         if !taken.is_empty() {
-            tracing::info!(shards = ?taken, live, "took over shards");
+            let shards: Vec<i32> = taken.iter().map(|(shard, _)| *shard).collect();
+            tracing::info!(?shards, live, "took over shards");
         }
         owned.extend(taken);
+        membership.renewed(started, config.lease, &owned);
     }
     crate::metrics::record_owned_shards(owned.len());
     Ok(())
@@ -243,12 +278,28 @@ mod tests {
         let membership = Membership::default();
         let now = Instant::now();
         assert!(
-            !membership.lease_valid(now),
+            !membership.holds(now, &[]),
             "no lease before the first renewal"
         );
-        membership.renewed(now, Duration::from_secs(10));
-        assert!(membership.lease_valid(now + Duration::from_secs(7)));
-        assert!(!membership.lease_valid(now + Duration::from_secs(9)));
+        membership.renewed(now, Duration::from_secs(10), &[(1, 4)]);
+        assert!(membership.holds(now + Duration::from_secs(7), &[(1, 4)]));
+        assert!(!membership.holds(now + Duration::from_secs(9), &[(1, 4)]));
+    }
+
+    #[test]
+    fn a_batch_is_sent_only_under_the_epochs_it_was_claimed_with() {
+        let membership = Membership::default();
+        let now = Instant::now();
+        membership.renewed(now, Duration::from_secs(10), &[(1, 4), (2, 9)]);
+        assert!(membership.holds(now, &[(1, 4), (2, 9)]));
+        assert!(!membership.holds(now + Duration::from_secs(9), &[(1, 4)]));
+        // Resumed after a pause: the renewal no longer returns shard 2, or
+        // returns it under a later epoch (taken over and back).
+        membership.renewed(now, Duration::from_secs(10), &[(1, 4)]);
+        assert!(!membership.holds(now, &[(1, 4), (2, 9)]));
+        membership.renewed(now, Duration::from_secs(10), &[(1, 4), (2, 11)]);
+        assert!(!membership.holds(now, &[(2, 9)]));
+        assert!(membership.holds(now, &[(1, 4)]));
     }
 
     #[test]
