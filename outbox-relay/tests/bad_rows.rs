@@ -344,3 +344,75 @@ async fn sqlite_claims_cut_the_run_at_an_undecodable_row_and_the_next_claim_proc
     assert!(source.claim(10, &[]).await.unwrap().records().is_empty());
     t.drop().await;
 }
+
+/// MariaDB accepts a zero `created_at` by default, and a column changed to
+/// bytes can hold text that is not UTF-8: neither stops the relay.
+#[tokio::test(flavor = "multi_thread")]
+async fn mariadb_unreadable_rows_are_dead_lettered_and_zero_dates_published() {
+    let t = TestDb::new(Backend::MySql).await;
+    let a: Vec<String> = append_events(&t.db, "a", 3)
+        .await
+        .iter()
+        .map(|event| event.id.to_string())
+        .collect();
+    let zero_date = insert_row(&t, "zero-date", &[("created_at", "'0000-00-00'")]).await;
+    execute(
+        &t,
+        "ALTER TABLE outbox MODIFY traceparent VARBINARY(255) NULL",
+    )
+    .await;
+    execute(
+        &t,
+        &format!(
+            "UPDATE outbox SET traceparent = X'FF' WHERE id = '{}'",
+            a[1]
+        ),
+    )
+    .await;
+
+    let published = drain(&t);
+    assert_eq!(
+        published.iter().collect::<BTreeSet<_>>(),
+        BTreeSet::from([&a[0], &a[2], &zero_date]),
+    );
+    assert!(position(&published, &a[0]) < position(&published, &a[2]));
+    let status = status_json(&t);
+    assert_eq!(status["dead_letters"], 1, "{status:#}");
+    let reason = status["dead_letter_rows"][0]["last_error"]
+        .as_str()
+        .unwrap();
+    assert!(
+        status["dead_letter_rows"][0]["id"] == a[1].as_str()
+            && reason.starts_with("undecodable row: column `traceparent` holds VARBINARY"),
+        "{status:#}"
+    );
+
+    execute(&t, "UPDATE outbox SET traceparent = NULL").await;
+    let (code, _, stderr) = run_to_end(relay(), &["retry"], &[("DATABASE_URL", &t.url)]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(drain(&t), [a[1].clone()]);
+    t.drop().await;
+}
+
+/// PostgreSQL accepts `infinity` and `-infinity` in `created_at`, which
+/// cannot be subtracted from now: such rows are published and `status`
+/// still answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_infinite_created_at_neither_stops_the_relay_nor_status() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let mut ids: Vec<String> = append_events(&t.db, "a", 2)
+        .await
+        .iter()
+        .map(|event| event.id.to_string())
+        .collect();
+    ids.push(insert_row(&t, "past", &[("created_at", "'-infinity'")]).await);
+    ids.push(insert_row(&t, "future", &[("created_at", "'infinity'")]).await);
+    let status = status_json(&t);
+    assert_eq!(status["pending"], 4, "{status:#}");
+    let published = drain(&t);
+    assert_eq!(
+        published.into_iter().collect::<BTreeSet<_>>(),
+        ids.into_iter().collect::<BTreeSet<_>>()
+    );
+    t.drop().await;
+}

@@ -105,8 +105,6 @@ where
 }
 
 /// Claimed rows without positions (MariaDB/MySQL, which locks them apart).
-// For `source/mysql.rs`'s locking read.
-#[allow(dead_code)]
 pub(crate) fn records<R>(rows: &[R]) -> Result<Decoded<OutboxRecord>, SourceError>
 where
     R: Row,

@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, MySql, Row, Transaction};
 
+use super::decode;
 use super::runs::{Head, head_sql, in_claim_order, runs_sql};
 use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
 use super::{
@@ -29,9 +30,12 @@ use super::{
 };
 use crate::record::OutboxRecord;
 
+/// A zero `created_at` (`0000-00-00`, which MariaDB accepts by default)
+/// has age 0.
 const COLUMNS: &str = "id, aggregatetype, aggregateid, type, CAST(payload AS CHAR) AS payload, \
      event_version, aggregate_seq, traceparent, seq, attempts, \
-     CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6 AS age_at_claim";
+     COALESCE(CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6, 0) \
+       AS age_at_claim";
 
 const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
 
@@ -349,13 +353,29 @@ async fn claim_runs(
         "SELECT {COLUMNS} FROM outbox WHERE id IN ({}) AND {PENDING} FOR UPDATE{lock}",
         question_marks(positions.len())
     );
-    let mut query = sqlx::query_as::<_, OutboxRecord>(AssertSqlSafe(lock_sql));
+    let mut query = sqlx::query(AssertSqlSafe(lock_sql));
     for id in positions.keys() {
         query = query.bind(id);
     }
-    let rows = query
-        .fetch_all(&mut **txn)
-        .await?
+    let locked = query.fetch_all(&mut **txn).await?;
+    // A row that cannot be read is dead-lettered in this transaction and
+    // left out; the rows of its aggregate after it wait for the next claim
+    // (see `source/decode.rs`).
+    let decoded = decode::records(&locked)?;
+    for row in &decoded.undecodable {
+        sqlx::query(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = ?, \
+             dead_lettered_at = UTC_TIMESTAMP(6) \
+             WHERE seq = ? AND published_at IS NULL AND dead_lettered_at IS NULL",
+        )
+        .bind(&row.reason)
+        .bind(row.seq)
+        .execute(&mut **txn)
+        .await?;
+        row.log();
+    }
+    let rows = decoded
+        .rows
         .into_iter()
         .map(|record| RunRow {
             run_position: positions[&record.id],

@@ -30,10 +30,11 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use tokio::sync::Mutex;
 
+use super::decode;
 use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
 use super::{
-    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, RunRow, Settlement, Source,
-    SourceError, SourceOptions, Status, owners_or_none, redrive_filter, unbroken_runs,
+    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
+    SourceOptions, Status, owners_or_none, redrive_filter, unbroken_runs,
 };
 use crate::record::OutboxRecord;
 
@@ -65,9 +66,11 @@ pub fn take_wake_slots_sql() -> String {
 }
 
 /// The columns of a claimed row (the id as `uuid`, converted at the end).
+/// An infinite `created_at` (which cannot be subtracted) has age 0.
 const CLAIMED_COLUMNS: &str = "id, aggregatetype, aggregateid, type, \
      payload::text AS payload, event_version, aggregate_seq, traceparent, seq, attempts, \
-     EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 AS age_at_claim";
+     CASE WHEN isfinite(created_at) \
+       THEN EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 ELSE 0 END AS age_at_claim";
 
 /// A pending row of `table` (an alias of `outbox`).
 fn pending(table: &str) -> String {
@@ -253,7 +256,7 @@ impl PostgresSource {
         let (rows, owned) = match &self.sharding {
             None => {
                 let sql = claim_sql("", (!in_flight.is_empty()).then_some(4), " SKIP LOCKED");
-                let mut query = sqlx::query_as::<_, RunRow>(AssertSqlSafe(sql))
+                let mut query = sqlx::query(AssertSqlSafe(sql))
                     .bind(limit as i64)
                     .bind(&types)
                     .bind(&ids);
@@ -286,7 +289,7 @@ impl PostgresSource {
                         (!in_flight.is_empty()).then_some(6),
                         "",
                     );
-                    let mut query = sqlx::query_as::<_, RunRow>(AssertSqlSafe(sql))
+                    let mut query = sqlx::query(AssertSqlSafe(sql))
                         .bind(limit as i64)
                         .bind(&types)
                         .bind(&ids)
@@ -300,7 +303,23 @@ impl PostgresSource {
                 }
             }
         };
-        let records = unbroken_runs(rows);
+        // A row that cannot be read is dead-lettered in this transaction
+        // and left out; the rows of its aggregate after it wait for the
+        // next claim (see `source/decode.rs`).
+        let decoded = decode::runs(&rows)?;
+        for row in &decoded.undecodable {
+            sqlx::query(
+                "UPDATE outbox SET attempts = attempts + 1, last_error = $1, \
+                 dead_lettered_at = now() \
+                 WHERE seq = $2 AND published_at IS NULL AND dead_lettered_at IS NULL",
+            )
+            .bind(&row.reason)
+            .bind(row.seq)
+            .execute(&mut *txn)
+            .await?;
+            row.log();
+        }
+        let records = unbroken_runs(decoded.rows);
         if !records.is_empty() {
             self.stop_watching().await;
         }
@@ -500,7 +519,8 @@ impl Source for PostgresSource {
 
     async fn backlog(&self) -> Result<Backlog, SourceError> {
         let (pending, oldest_pending_age_seconds): (i64, Option<f64>) = sqlx::query_as(
-            "SELECT COUNT(*), EXTRACT(EPOCH FROM now() - MIN(created_at))::float8 \
+            "SELECT COUNT(*), \
+               EXTRACT(EPOCH FROM now() - MIN(created_at) FILTER (WHERE isfinite(created_at)))::float8 \
              FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
         )
         .fetch_one(&self.pool)
@@ -523,7 +543,8 @@ impl Source for PostgresSource {
                 .await?;
         let pending_by_type = sqlx::query_as(
             "SELECT aggregatetype, COUNT(*) AS pending, \
-               EXTRACT(EPOCH FROM now() - MIN(created_at))::float8 AS oldest_pending_age_seconds \
+               EXTRACT(EPOCH FROM now() - MIN(created_at) FILTER (WHERE isfinite(created_at)))::float8 \
+                 AS oldest_pending_age_seconds \
              FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
              GROUP BY aggregatetype ORDER BY 2 DESC, 1 LIMIT 50",
         )
