@@ -207,6 +207,45 @@ impl MigrationTrait for CreateInboxGaps {
     }
 }
 
+/// MariaDB/MySQL: the table of each relay instance's database sessions, so
+/// that an instance taking over the shards of one whose lease expired can
+/// end its sessions. Nothing to do on PostgreSQL (sessions are found by
+/// `application_name`) and SQLite (one relay per file).
+pub struct RelaySessions;
+
+impl MigrationName for RelaySessions {
+    fn name(&self) -> &str {
+        "m20261201_000007_relay_sessions"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for RelaySessions {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_on_mysql(
+            manager,
+            include_str!("../sql/mysql/0007_relay_sessions.up.sql"),
+        )
+        .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_on_mysql(
+            manager,
+            include_str!("../sql/mysql/0007_relay_sessions.down.sql"),
+        )
+        .await
+    }
+}
+
+/// Runs `script` on MariaDB/MySQL; nothing elsewhere.
+async fn run_on_mysql(manager: &SchemaManager<'_>, script: &str) -> Result<(), DbErr> {
+    if manager.get_database_backend() == DbBackend::MySql {
+        manager.get_connection().execute_unprepared(script).await?;
+    }
+    Ok(())
+}
+
 /// Runs `script` on PostgreSQL; nothing elsewhere.
 async fn run_on_postgres(manager: &SchemaManager<'_>, script: &str) -> Result<(), DbErr> {
     if manager.get_database_backend() == DbBackend::Postgres {
@@ -231,6 +270,7 @@ impl MigratorTrait for Migrator {
             Box::new(NotifyWaitingRelays),
             Box::new(ClaimInAggregateOrder),
             Box::new(CreateInboxGaps),
+            Box::new(RelaySessions),
         ]
     }
 

@@ -342,21 +342,40 @@ async fn two_relays_on_mariadb_share_the_work_in_order() {
 /// during the pause. Resumed, the paused relay sends nothing more.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relay_paused_mid_claim_frees_its_rows_within_the_lease() {
+    paused_mid_claim(Backend::Postgres).await;
+}
+
+/// The same on MariaDB: the other relay ends the paused relay's sessions
+/// (recorded in `outbox_relay_session`).
+#[tokio::test(flavor = "multi_thread")]
+async fn mariadb_relay_paused_mid_claim_frees_its_rows_within_the_lease() {
+    paused_mid_claim(Backend::MySql).await;
+}
+
+async fn paused_mid_claim(backend: Backend) {
     const EVENTS: i64 = 2400;
     const AGGREGATES: i64 = 20;
     let brokers = kafka::brokers();
     let topics = kafka::topic_prefix("paused-big");
-    let t = TestDb::new(Backend::Postgres).await;
+    let t = TestDb::new(backend).await;
     // 50 KB payloads, each aggregate's events numbered 1, 2, ... as the
     // library would number them.
-    t.db.execute_unprepared(&format!(
-        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, aggregate_seq) \
-         SELECT gen_random_uuid(), 'Invoice', 'agg-' || (g % {AGGREGATES}), 'InvoiceIssued', \
-           json_build_object('n', g, 'blob', repeat(md5(g::text), 1600)), g / {AGGREGATES} + 1 \
-         FROM generate_series(0, {EVENTS} - 1) AS g"
-    ))
-    .await
-    .unwrap();
+    let load = match backend {
+        Backend::Postgres => format!(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, aggregate_seq) \
+             SELECT gen_random_uuid(), 'Invoice', 'agg-' || (g % {AGGREGATES}), 'InvoiceIssued', \
+               json_build_object('n', g, 'blob', repeat(md5(g::text), 1600)), g / {AGGREGATES} + 1 \
+             FROM generate_series(0, {EVENTS} - 1) AS g"
+        ),
+        _ => format!(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, aggregate_seq) \
+             SELECT UUID(), 'Invoice', CONCAT('agg-', seq % {AGGREGATES}), 'InvoiceIssued', \
+               JSON_OBJECT('n', seq, 'blob', REPEAT(MD5(seq), 1600)), seq DIV {AGGREGATES} + 1 \
+             FROM seq_0_to_{}",
+            EVENTS - 1
+        ),
+    };
+    t.db.execute_unprepared(&load).await.unwrap();
     let ids = all_ids(&t).await;
     let lease = Duration::from_secs(5);
     let cluster = Cluster {
@@ -395,9 +414,14 @@ async fn a_relay_paused_mid_claim_frees_its_rows_within_the_lease() {
         .iter()
         .map(i32::to_string)
         .collect();
+    let shard_of_row = match backend {
+        Backend::Postgres => {
+            "((hashtextextended(aggregatetype || '/' || aggregateid, 0) % 16) + 16) % 16"
+        }
+        _ => "MOD(CRC32(CONCAT(aggregatetype, '/', aggregateid)), 16)",
+    };
     let of_paused_shards = format!(
-        "outbox WHERE published_at IS NULL AND \
-         ((hashtextextended(aggregatetype || '/' || aggregateid, 0) % 16) + 16) % 16 IN ({})",
+        "outbox WHERE published_at IS NULL AND {shard_of_row} IN ({})",
         paused_shards.join(", ")
     );
     let stranded = t.count(&of_paused_shards).await;
@@ -416,6 +440,11 @@ async fn a_relay_paused_mid_claim_frees_its_rows_within_the_lease() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let taken_over_after = stopped.elapsed();
+    for line in other.stderr() {
+        if line.contains("took over") || line.contains("WARN") || line.contains("ERROR") {
+            eprintln!("other relay: {line}");
+        }
+    }
     let pause = Duration::from_secs(60);
     while t.count("outbox WHERE published_at IS NULL").await > 0 {
         assert!(
@@ -460,10 +489,9 @@ async fn a_relay_paused_mid_claim_frees_its_rows_within_the_lease() {
 async fn owned_shards(t: &TestDb, owner: &str) -> Vec<i32> {
     let rows = sea_orm::ConnectionTrait::query_all_raw(
         &t.db,
-        sea_orm::Statement::from_sql_and_values(
+        sea_orm::Statement::from_string(
             t.db_backend(),
-            "SELECT shard FROM outbox_relay_shard WHERE owner = $1",
-            [owner.into()],
+            format!("SELECT shard FROM outbox_relay_shard WHERE owner = '{owner}'"),
         ),
     )
     .await
@@ -477,7 +505,13 @@ async fn owned_shards(t: &TestDb, owner: &str) -> Vec<i32> {
 async fn all_ids(t: &TestDb) -> Vec<String> {
     let rows = sea_orm::ConnectionTrait::query_all_raw(
         &t.db,
-        sea_orm::Statement::from_string(t.db_backend(), "SELECT id::text FROM outbox"),
+        sea_orm::Statement::from_string(
+            t.db_backend(),
+            match t.backend {
+                Backend::Postgres => "SELECT id::text FROM outbox",
+                _ => "SELECT id FROM outbox",
+            },
+        ),
     )
     .await
     .unwrap();

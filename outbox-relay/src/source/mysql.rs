@@ -62,47 +62,20 @@ impl MySqlSource {
     /// with shards configured, joins their ownership.
     pub async fn connect(url: &str, options: SourceOptions) -> Result<Self, SourceError> {
         let url = url.replacen("mariadb://", "mysql://", 1);
-        let idle_timeout = options
-            .shards
-            .as_ref()
-            .map(|shards| shards.batch_timeout.as_secs().max(1));
-        let net_write_timeout = options
-            .shards
-            .as_ref()
-            .map_or(60, |shards| shards.lease.as_secs().max(1));
+        let session = SessionSetup {
+            shards: options.shards.as_ref().map(|shards| ShardSessions {
+                instance: shards.instance.clone(),
+                idle_timeout: shards.batch_timeout.as_secs().max(1),
+                net_write_timeout: shards.lease.as_secs().max(1),
+            }),
+        };
+        let claims_session = session.clone();
         let pool = MySqlPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(10))
             .after_connect(move |conn, _meta| {
-                Box::pin(async move {
-                    sqlx::query("SET SESSION time_zone = '+00:00'")
-                        .execute(&mut *conn)
-                        .await?;
-                    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .execute(&mut *conn)
-                        .await?;
-                    if let Some(seconds) = idle_timeout {
-                        sqlx::query("SET SESSION innodb_lock_wait_timeout = 5")
-                            .execute(&mut *conn)
-                            .await?;
-                        // A relay paused while the server sends it a claim's
-                        // rows blocks the server's write: the server gives up
-                        // after this long and ends the claim, freeing its rows.
-                        sqlx::query(AssertSqlSafe(format!(
-                            "SET SESSION net_write_timeout = {net_write_timeout}"
-                        )))
-                        .execute(&mut *conn)
-                        .await?;
-                        // MariaDB ends a paused relay's claim, releasing its
-                        // rows; MySQL has no such variable.
-                        let _ = sqlx::query(AssertSqlSafe(format!(
-                            "SET SESSION idle_transaction_timeout = {seconds}"
-                        )))
-                        .execute(&mut *conn)
-                        .await;
-                    }
-                    Ok(())
-                })
+                let session = claims_session.clone();
+                Box::pin(async move { session.apply(conn).await })
             })
             .connect(&url)
             .await
@@ -117,7 +90,23 @@ impl MySqlSource {
         };
         if let Some(config) = options.shards {
             source.check_table().await?;
-            let store = Arc::new(MySqlShardStore { pool });
+            // A connection of its own: renewals never wait for a claim's.
+            let heartbeat_pool = MySqlPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(config.lease / 3)
+                .after_connect(move |conn, _meta| {
+                    let session = session.clone();
+                    Box::pin(async move { session.apply(conn).await })
+                })
+                .connect_with((*pool.connect_options()).clone())
+                .await
+                .map_err(|source| SourceError::Connect {
+                    url: crate::redact::redact_url(&url),
+                    source,
+                })?;
+            let store = Arc::new(MySqlShardStore {
+                pool: heartbeat_pool,
+            });
             let (membership, heartbeat) = shards::join(store.clone(), config.clone()).await?;
             source.sharding = Some(Sharding {
                 config,
@@ -565,8 +554,8 @@ impl ShardStore for MySqlShardStore {
         want: usize,
     ) -> Result<Vec<(i32, i64)>, SourceError> {
         let mut txn = self.pool.begin().await?;
-        let free: Vec<(i32, i64)> = sqlx::query_as(
-            "SELECT shard, epoch FROM outbox_relay_shard \
+        let free: Vec<(i32, i64, Option<String>)> = sqlx::query_as(
+            "SELECT shard, epoch, owner FROM outbox_relay_shard \
              WHERE owner IS NULL OR lease_until < UTC_TIMESTAMP(6) \
              ORDER BY shard LIMIT ? FOR UPDATE SKIP LOCKED",
         )
@@ -582,15 +571,25 @@ impl ShardStore for MySqlShardStore {
             let mut query = sqlx::query(AssertSqlSafe(sql))
                 .bind(instance)
                 .bind(micros(lease));
-            for (shard, _) in &free {
+            for (shard, _, _) in &free {
                 query = query.bind(shard);
             }
             query.execute(&mut *txn).await?;
         }
         txn.commit().await?;
+        let mut stale: Vec<&str> = free
+            .iter()
+            .filter_map(|(_, _, owner)| owner.as_deref())
+            .filter(|owner| *owner != instance)
+            .collect();
+        stale.sort_unstable();
+        stale.dedup();
+        for owner in stale {
+            end_sessions_of(&self.pool, owner).await;
+        }
         Ok(free
             .into_iter()
-            .map(|(shard, epoch)| (shard, epoch + 1))
+            .map(|(shard, epoch, _)| (shard, epoch + 1))
             .collect())
     }
 
@@ -619,6 +618,141 @@ impl ShardStore for MySqlShardStore {
             .bind(instance)
             .execute(&self.pool)
             .await?;
+        // Absent before migration 0007: nothing to forget then.
+        let _ = sqlx::query("DELETE FROM outbox_relay_session WHERE instance = ?")
+            .bind(instance)
+            .execute(&self.pool)
+            .await;
         Ok(())
+    }
+}
+
+/// How every session of the relay is set up.
+#[derive(Debug, Clone)]
+struct SessionSetup {
+    /// With shard ownership.
+    shards: Option<ShardSessions>,
+}
+
+/// Session settings of a relay sharing shards.
+#[derive(Debug, Clone)]
+struct ShardSessions {
+    instance: String,
+    /// Seconds a claim may stay idle: the batch timeout.
+    idle_timeout: u64,
+    /// Seconds the server waits to write to the relay: the lease.
+    net_write_timeout: u64,
+}
+
+impl SessionSetup {
+    /// UTC and READ COMMITTED (no gap locks, so the application's inserts
+    /// never wait for the relay) and, with shards, the timeouts that end a
+    /// paused relay's claims and the session's registration.
+    async fn apply(&self, conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
+        sqlx::query("SET SESSION time_zone = '+00:00'")
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *conn)
+            .await?;
+        if let Some(shards) = &self.shards {
+            register_session(conn, &shards.instance).await;
+            sqlx::query("SET SESSION innodb_lock_wait_timeout = 5")
+                .execute(&mut *conn)
+                .await?;
+            // A relay paused while the server sends it a claim's rows
+            // blocks the server's write: the server gives up after this
+            // long and ends the claim, freeing its rows.
+            sqlx::query(AssertSqlSafe(format!(
+                "SET SESSION net_write_timeout = {}",
+                shards.net_write_timeout
+            )))
+            .execute(&mut *conn)
+            .await?;
+            // MariaDB ends a paused relay's idle claim, releasing its rows;
+            // MySQL has no such variable.
+            let _ = sqlx::query(AssertSqlSafe(format!(
+                "SET SESSION idle_transaction_timeout = {}",
+                shards.idle_timeout
+            )))
+            .execute(&mut *conn)
+            .await;
+        }
+        Ok(())
+    }
+}
+
+/// When the server started (UTC), to tell its connection ids from those of
+/// an earlier run, which restarted from 1.
+const SERVER_STARTED: &str = "(SELECT UTC_TIMESTAMP() - INTERVAL VARIABLE_VALUE SECOND \
+     FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME')";
+
+/// Records a new session of `instance` in `outbox_relay_session`, so that
+/// an instance taking over its shards can end it. Best effort: without the
+/// table (before migration 0007) or the server's uptime (MySQL keeps it in
+/// performance_schema), a paused relay's claims end with the server's
+/// timeouts instead.
+async fn register_session(connection: &mut sqlx::MySqlConnection, instance: &str) {
+    let registered = sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO outbox_relay_session (instance, connection_id, server_started) \
+         SELECT ?, CONNECTION_ID(), started FROM (SELECT {SERVER_STARTED} AS started) AS server \
+         WHERE started IS NOT NULL \
+         ON DUPLICATE KEY UPDATE server_started = VALUES(server_started)"
+    )))
+    .bind(instance)
+    .execute(connection)
+    .await;
+    if let Err(error) = registered {
+        tracing::debug!(%error, "cannot record this database session for takeovers");
+    }
+}
+
+/// Ends the sessions of `owner`, an instance whose lease expired while it
+/// held shards: a relay paused in the middle of a claim keeps that claim's
+/// rows locked until its session ends. Only sessions of the current server
+/// run, of this user and database, are ended.
+async fn end_sessions_of(pool: &MySqlPool, owner: &str) {
+    let sessions: Result<Vec<u64>, sqlx::Error> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT s.connection_id FROM outbox_relay_session AS s \
+         JOIN information_schema.PROCESSLIST AS p ON p.ID = s.connection_id \
+         WHERE s.instance = ? AND p.ID <> CONNECTION_ID() \
+         AND p.USER = SUBSTRING_INDEX(CURRENT_USER(), '@', 1) AND p.DB <=> DATABASE() \
+         AND ABS(TIMESTAMPDIFF(SECOND, s.server_started, {SERVER_STARTED})) <= 2"
+    )))
+    .bind(owner)
+    .fetch_all(pool)
+    .await;
+    let sessions = match sessions {
+        Ok(sessions) => sessions,
+        Err(error) => {
+            tracing::warn!(
+                owner,
+                %error,
+                "cannot find the sessions of the shards' previous owner; its claims end with their timeouts"
+            );
+            return;
+        }
+    };
+    let mut ended = 0;
+    for session in &sessions {
+        // KILL takes no parameters; the id is a number read above.
+        match sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {session}")))
+            .execute(pool)
+            .await
+        {
+            Ok(_) => ended += 1,
+            Err(error) => tracing::debug!(%error, session, "cannot end a session"),
+        }
+    }
+    let _ = sqlx::query("DELETE FROM outbox_relay_session WHERE instance = ?")
+        .bind(owner)
+        .execute(pool)
+        .await;
+    if ended > 0 {
+        tracing::warn!(
+            owner,
+            ended,
+            "took over shards whose owner stopped renewing its lease; ended its database sessions"
+        );
     }
 }
