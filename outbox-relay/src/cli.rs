@@ -127,7 +127,8 @@ pub struct RunArgs {
     pub mode: Option<RunMode>,
 
     /// CDC mode's replication slot, created if missing; one relay reads it
-    /// at a time, others stand by [default: outbox_relay]
+    /// at a time, others stand by and take over within 10s of the reader
+    /// stopping or going silent [default: outbox_relay]
     #[arg(long, env = "OUTBOX_SLOT")]
     pub slot: Option<String>,
 
@@ -217,8 +218,9 @@ pub struct RunArgs {
     pub shards: Option<u64>,
 
     /// How long a relay keeps its shards without renewing them, 1s to 1h
-    /// (renewed every third of it, at least every second): shards of a relay
-    /// that died are taken over after this long [default: 10s]
+    /// (renewed every third of it, at least every second): a relay that
+    /// stops (killed, paused, frozen, cut off) loses its shards within the
+    /// lease plus about 2s, and sends nothing more of them [default: 10s]
     #[arg(long, env = "OUTBOX_LEASE", value_parser = parse_duration)]
     pub lease: Option<Duration>,
 
