@@ -342,17 +342,33 @@ async fn two_relays_on_mariadb_share_the_work_in_order() {
 /// during the pause. Resumed, the paused relay sends nothing more.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relay_paused_mid_claim_frees_its_rows_within_the_lease() {
-    paused_mid_claim(Backend::Postgres).await;
+    paused_mid_claim(Backend::Postgres, &[], Duration::ZERO).await;
+}
+
+/// The same with a producer linger of 2 s, so that the pause most likely
+/// lands while the paused relay's messages wait in librdkafka's queue:
+/// resumed, it must not send them (they expire first). The other relay's
+/// own batches take the linger too: two of them may go first.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_paused_mid_send_sends_nothing_stale_when_resumed() {
+    paused_mid_claim(
+        Backend::Postgres,
+        &["-X", "linger.ms=2000"],
+        Duration::from_secs(4),
+    )
+    .await;
 }
 
 /// The same on MariaDB: the other relay ends the paused relay's sessions
 /// (recorded in `outbox_relay_session`).
 #[tokio::test(flavor = "multi_thread")]
 async fn mariadb_relay_paused_mid_claim_frees_its_rows_within_the_lease() {
-    paused_mid_claim(Backend::MySql).await;
+    paused_mid_claim(Backend::MySql, &[], Duration::ZERO).await;
 }
 
-async fn paused_mid_claim(backend: Backend) {
+/// `batches` is how long the other relay's batches in flight may delay its
+/// first batch of the paused relay's shards, beyond the bound.
+async fn paused_mid_claim(backend: Backend, producer: &[&str], batches: Duration) {
     const EVENTS: i64 = 2400;
     const AGGREGATES: i64 = 20;
     let brokers = kafka::brokers();
@@ -382,14 +398,18 @@ async fn paused_mid_claim(backend: Backend) {
         url: t.url.clone(),
         brokers: brokers.clone(),
         template: format!("{topics}.{{aggregatetype}}"),
-        extra: vec![
-            "--lease".into(),
-            "5s".into(),
-            "--send-timeout".into(),
-            "5s".into(),
-            "--batch-size".into(),
-            "200".into(),
-        ],
+        extra: [
+            "--lease",
+            "5s",
+            "--send-timeout",
+            "5s",
+            "--batch-size",
+            "200",
+        ]
+        .iter()
+        .chain(producer)
+        .map(|arg| arg.to_string())
+        .collect(),
     };
     let paused = cluster.start("relay-paused");
     let other = cluster.start("relay-other");
@@ -429,12 +449,13 @@ async fn paused_mid_claim(backend: Backend) {
     // Within the lease, a heartbeat and a claim, the other relay publishes
     // some of them: the paused relay's claims, which hold the earliest
     // rows of their aggregates, no longer block them.
-    let bound = lease + Duration::from_secs(3);
+    let bound = lease + Duration::from_secs(3) + batches;
     while t.count(&of_paused_shards).await == stranded {
         assert!(
             stopped.elapsed() < bound,
             "none of the {stranded} pending events of the paused relay's shards was published \
-             {bound:?} after it stopped (lease {lease:?}); other relay's log:\n{}",
+             {bound:?} after it stopped (lease {lease:?}); sessions:\n{}\nother relay's log:\n{}",
+            sessions(&t).await,
             other.stderr().join("\n")
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -483,6 +504,27 @@ async fn paused_mid_claim(backend: Backend) {
         report.duplicates
     );
     t.drop().await;
+}
+
+/// The relays' database sessions, for a failure message.
+async fn sessions(t: &TestDb) -> String {
+    if t.backend != Backend::Postgres {
+        return String::new();
+    }
+    let rows = sea_orm::ConnectionTrait::query_all_raw(
+        &t.db,
+        sea_orm::Statement::from_string(
+            t.db_backend(),
+            "SELECT concat_ws(' | ', application_name, state, wait_event_type, wait_event, \
+               left(query, 120)) FROM pg_stat_activity WHERE application_name LIKE 'relay-%'",
+        ),
+    )
+    .await
+    .unwrap();
+    rows.iter()
+        .map(|row| row.try_get_by_index::<String>(0).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The shards `owner` holds.
