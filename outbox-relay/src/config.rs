@@ -552,8 +552,18 @@ const GUARANTEED_PRODUCER_SETTINGS: [(&str, &[&str], &str); 6] = [
         &["true"],
         "enable.gapless.guarantee=true",
     ),
-    ("message.timeout.ms", &["0"], "message.timeout.ms=0"),
-    ("delivery.timeout.ms", &["0"], "message.timeout.ms=0"),
+    // Messages expire after the send timeout, so that a relay resumed
+    // after losing its shards does not send what it had queued.
+    (
+        "message.timeout.ms",
+        &[],
+        "message.timeout.ms to the --send-timeout",
+    ),
+    (
+        "delivery.timeout.ms",
+        &[],
+        "message.timeout.ms to the --send-timeout",
+    ),
 ];
 
 /// Refuses producer settings the relay cannot work with: a linger that

@@ -138,7 +138,14 @@ fn producer_settings_must_leave_the_relay_able_to_deliver() {
     for (option, own) in [
         ("acks=1", "acks=all"),
         ("enable.idempotence=false", "enable.idempotence=true"),
-        ("message.timeout.ms=5000", "message.timeout.ms=0"),
+        (
+            "message.timeout.ms=5000",
+            "message.timeout.ms to the --send-timeout",
+        ),
+        (
+            "message.timeout.ms=0",
+            "message.timeout.ms to the --send-timeout",
+        ),
         (
             "enable.gapless.guarantee=false",
             "enable.gapless.guarantee=true",
