@@ -14,6 +14,7 @@ pub mod http;
 pub mod kafka;
 pub mod process;
 pub mod stream;
+pub mod witness;
 
 pub use db::{Backend, OutboxRow, TestDb};
 
