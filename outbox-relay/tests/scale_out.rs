@@ -117,6 +117,9 @@ async fn drained(t: &TestDb, expected: usize) {
 async fn three_relays_with_one_killed_repeatedly_deliver_everything_in_order() {
     let brokers = kafka::brokers();
     let topics = kafka::topic_prefix("three");
+    // Created up front: the broker used here (tansu, in memory) loses
+    // messages when two relays create a topic at once.
+    kafka::create_topic(&kafka::brokers(), &format!("{topics}.Invoice"), 4).await;
     let t = TestDb::new(Backend::Postgres).await;
     let cluster = Cluster {
         url: t.url.clone(),
@@ -177,6 +180,9 @@ async fn three_relays_with_one_killed_repeatedly_deliver_everything_in_order() {
 async fn a_paused_relay_loses_its_shards_and_cannot_disorder_them() {
     let brokers = kafka::brokers();
     let topics = kafka::topic_prefix("paused");
+    // Created up front: the broker used here (tansu, in memory) loses
+    // messages when two relays create a topic at once.
+    kafka::create_topic(&kafka::brokers(), &format!("{topics}.Invoice"), 4).await;
     let t = TestDb::new(Backend::Postgres).await;
     let cluster = Cluster {
         url: t.url.clone(),
@@ -236,6 +242,9 @@ async fn shards_move_on_clean_stop_at_once_and_on_kill_after_the_lease() {
     let brokers = kafka::brokers();
     let t = TestDb::new(Backend::Postgres).await;
     let topics = kafka::topic_prefix("handover");
+    // Created up front: the broker used here (tansu, in memory) loses
+    // messages when two relays create a topic at once.
+    kafka::create_topic(&kafka::brokers(), &format!("{topics}.Invoice"), 4).await;
     let cluster = Cluster {
         url: t.url.clone(),
         brokers,
@@ -297,6 +306,9 @@ async fn shards_move_on_clean_stop_at_once_and_on_kill_after_the_lease() {
 async fn two_relays_on_mariadb_share_the_work_in_order() {
     let brokers = kafka::brokers();
     let topics = kafka::topic_prefix("maria2");
+    // Created up front: the broker used here (tansu, in memory) loses
+    // messages when two relays create a topic at once.
+    kafka::create_topic(&kafka::brokers(), &format!("{topics}.Invoice"), 4).await;
     let t = TestDb::new(Backend::MySql).await;
     let cluster = Cluster {
         url: t.url.clone(),
@@ -393,6 +405,9 @@ async fn paused_mid_claim(backend: Backend, producer: &[&str], batches: Duration
     };
     t.db.execute_unprepared(&load).await.unwrap();
     let ids = all_ids(&t).await;
+    // Created up front: the broker used here (tansu, in memory) loses
+    // messages when two relays create a topic at once.
+    kafka::create_topic(&brokers, &format!("{topics}.Invoice"), 4).await;
     let lease = Duration::from_secs(5);
     let cluster = Cluster {
         url: t.url.clone(),
