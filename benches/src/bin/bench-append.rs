@@ -114,17 +114,22 @@ enum Variant {
     /// Diagnostic: one event through the library while a relay waits for
     /// rows, so that the trigger notifies at every commit.
     OneEventRelayWaiting,
+    /// Diagnostic: one event through the library, on a schema whose outbox
+    /// has no `outbox_pending_aggregate_idx` (migration 0005, the claim's
+    /// per-aggregate index): what that index costs an append.
+    OneEventWithoutAggregateIndex,
 }
 
 impl Variant {
     const MEASURED: [Variant; 3] = [Variant::NoEvents, Variant::OneEvent, Variant::TenEvents];
-    const DIAGNOSTIC: [Variant; 6] = [
+    const DIAGNOSTIC: [Variant; 7] = [
         Variant::InsertThenAppend,
         Variant::EmptyRoundTrip,
         Variant::OutboxInsertOnly,
         Variant::OneStatementWithoutSequence,
         Variant::OneEventWithoutNotify,
         Variant::OneEventRelayWaiting,
+        Variant::OneEventWithoutAggregateIndex,
     ];
 
     fn label(self) -> &'static str {
@@ -138,6 +143,7 @@ impl Variant {
             Variant::OutboxInsertOnly => "diag: 1 outbox INSERT, no sequence",
             Variant::OneStatementWithoutSequence => "diag: order + outbox row in 1 stmt, no seq",
             Variant::OneEventRelayWaiting => "diag: 1 event, a relay waiting (notifies)",
+            Variant::OneEventWithoutAggregateIndex => "diag: 1 event, no aggregate index (0005)",
         }
     }
 
@@ -162,6 +168,8 @@ struct Databases {
     main: DatabaseConnection,
     /// Outbox without the `NOTIFY` trigger, for the diagnostic variant.
     quiet: Option<DatabaseConnection>,
+    /// Outbox without the per-aggregate index, for the diagnostic variant.
+    unindexed: Option<DatabaseConnection>,
     /// One connection that stands for a waiting relay, for the diagnostic
     /// variant.
     waiting_relay: Option<DatabaseConnection>,
@@ -191,6 +199,10 @@ async fn transaction(variant: Variant, databases: &Databases, n: i64) -> anyhow:
             .quiet
             .as_ref()
             .context("the schema without trigger exists with diagnostics")?,
+        Variant::OneEventWithoutAggregateIndex => databases
+            .unindexed
+            .as_ref()
+            .context("the schema without the aggregate index exists with diagnostics")?,
         _ => &databases.main,
     };
     let txn = db.begin().await?;
@@ -198,7 +210,10 @@ async fn transaction(variant: Variant, databases: &Databases, n: i64) -> anyhow:
         Variant::NoEvents => {
             new_order(n).insert(&txn).await?;
         }
-        Variant::OneEvent | Variant::OneEventWithoutNotify | Variant::OneEventRelayWaiting => {
+        Variant::OneEvent
+        | Variant::OneEventWithoutNotify
+        | Variant::OneEventRelayWaiting
+        | Variant::OneEventWithoutAggregateIndex => {
             new_order(n)
                 .insert_with_events(&txn, order_events(n, 1))
                 .await?;
@@ -612,12 +627,26 @@ async fn main() -> anyhow::Result<()> {
             .await?;
         Some(quiet)
     };
+    let unindexed_schema = if options.no_diagnostics {
+        None
+    } else {
+        let unindexed = schema().await;
+        unindexed
+            .db
+            .execute_unprepared("DROP INDEX IF EXISTS outbox_pending_aggregate_idx")
+            .await?;
+        Some(unindexed)
+    };
     let machine = Machine::describe(&main_schema.db).await?;
     progress!("{machine}");
     let databases = Arc::new(Databases {
         main: connect(&main_schema).await,
         quiet: match &quiet_schema {
             Some(quiet) => Some(connect(quiet).await),
+            None => None,
+        },
+        unindexed: match &unindexed_schema {
+            Some(unindexed) => Some(connect(unindexed).await),
             None => None,
         },
         waiting_relay: if options.no_diagnostics {
@@ -647,10 +676,16 @@ async fn main() -> anyhow::Result<()> {
         if let Some(quiet) = databases.quiet {
             quiet.close().await.ok();
         }
+        if let Some(unindexed) = databases.unindexed {
+            unindexed.close().await.ok();
+        }
     }
     main_schema.drop().await;
     if let Some(quiet) = quiet_schema {
         quiet.drop().await;
+    }
+    if let Some(unindexed) = unindexed_schema {
+        unindexed.drop().await;
     }
     if let Some(error) = failure {
         return Err(error);
