@@ -214,16 +214,19 @@ impl Relay {
 
             // A full batch suggests more rows: claim the next one while this
             // one is at the sink, once the previous batch has settled.
-            let in_flight: Vec<i64> = if batch.claim.records().len() == self.options.batch_size {
-                batch
-                    .claim
-                    .records()
-                    .iter()
-                    .map(|record| record.seq)
-                    .collect()
-            } else {
-                Vec::new()
-            };
+            // The next batch leaves out this one's aggregates: their next
+            // rows wait for its outcome anyway, and a claim of other
+            // aggregates stays one cheap index scan.
+            let in_flight: Vec<AggregateKey> =
+                if batch.claim.records().len() == self.options.batch_size {
+                    let mut aggregates: Vec<AggregateKey> =
+                        batch.claim.records().iter().map(AggregateKey::of).collect();
+                    aggregates.sort_unstable();
+                    aggregates.dedup();
+                    aggregates
+                } else {
+                    Vec::new()
+                };
             let previous = answered.take();
             let database = async {
                 let settled = self.commit_if_any(previous).await;
@@ -357,14 +360,19 @@ impl Relay {
         Ok(Claimed { claim, claimed_at })
     }
 
-    /// Claims the next batch while the rows `in_flight` are at the sink;
-    /// `None` when the source cannot, or finds nothing.
-    async fn claim_ahead(&self, in_flight: &[i64]) -> Result<Option<Claimed>, SourceError> {
-        let excluded = self.cooling();
+    /// Claims the next batch, of other aggregates than `in_flight`, while
+    /// those are at the sink; `None` when the source cannot, or finds
+    /// nothing.
+    async fn claim_ahead(
+        &self,
+        in_flight: &[AggregateKey],
+    ) -> Result<Option<Claimed>, SourceError> {
+        let mut excluded = self.cooling();
+        excluded.extend_from_slice(in_flight);
         let claimed_at = Instant::now();
         let claim = self
             .source
-            .claim_ahead(self.options.batch_size, &excluded, in_flight)
+            .claim_ahead(self.options.batch_size, &excluded)
             .await?;
         Ok(claim
             .filter(|claim| !claim.records().is_empty())

@@ -52,18 +52,18 @@ pub trait Source: Send + Sync {
         excluded: &[AggregateKey],
     ) -> Result<Box<dyn Claim>, SourceError>;
 
-    /// Claims like [`Source::claim`] while earlier claims of this relay are
-    /// still open, leaving out their rows (`in_flight`, by `seq`), so the
-    /// relay can read the next batch while the broker acknowledges the
-    /// current one. `None` when the source cannot hold two claims at once;
-    /// the relay then claims after each settle.
+    /// Claims like [`Source::claim`] while an earlier claim of this relay
+    /// is still open, so the relay can read the next batch while the
+    /// broker acknowledges the current one. `excluded` holds the open
+    /// claim's aggregates (their next rows wait for its outcome) besides
+    /// the cooling ones. `None` when the source cannot hold two claims at
+    /// once; the relay then claims after each settle.
     async fn claim_ahead(
         &self,
         limit: usize,
         excluded: &[AggregateKey],
-        in_flight: &[i64],
     ) -> Result<Option<Box<dyn Claim>>, SourceError> {
-        let _ = (limit, excluded, in_flight);
+        let _ = (limit, excluded);
         Ok(None)
     }
 

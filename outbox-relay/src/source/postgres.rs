@@ -81,27 +81,21 @@ fn pending(table: &str) -> String {
 /// order (see `source/runs.rs`).
 ///
 /// `head`: the oldest pending rows by `seq` (the pending index), leaving
-/// out the excluded aggregates `$2`/`$3`, `filter` and the rows in flight;
-/// `chosen`: for each of their aggregates, as many of its earliest pending
-/// rows (the aggregate index), numbered; `claimed`: those rows locked,
-/// fetched by primary key whatever the statistics say; then the batch in
-/// claim order, each row with its `run_position` for [`unbroken_runs`].
-fn claim_sql(filter: &str, in_flight: Option<usize>, lock: &str) -> String {
-    let not_in_flight = |table: &str| match in_flight {
-        // An anti-join: a generic plan of `seq <> ALL($n)` compares every
-        // scanned row with every element.
-        Some(n) => format!(
-            " AND NOT EXISTS (SELECT 1 FROM unnest(${n}::bigint[]) AS in_flight(seq) \
-             WHERE in_flight.seq = {table}.seq)"
-        ),
-        None => String::new(),
-    };
+/// out the excluded aggregates `$2`/`$3` (cooling down, or in an open claim
+/// of this relay) and `filter`; `chosen`: for each of their aggregates, as
+/// many of its earliest pending rows (the aggregate index), numbered;
+/// `claimed`: those rows locked, looked up by primary key alone (a
+/// condition on pending rows there would let a plan made without
+/// statistics scan a pending index instead), and still pending once
+/// locked; then the batch in claim order, each row with its
+/// `run_position` for [`unbroken_runs`].
+fn claim_sql(filter: &str, lock: &str) -> String {
     format!(
         "WITH head AS (\
            SELECT aggregatetype, aggregateid, min(seq) AS first_seq, count(*) AS n FROM (\
              SELECT aggregatetype, aggregateid, seq FROM outbox WHERE {pending_outbox} \
              AND (aggregatetype, aggregateid) NOT IN \
-               (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i)){filter}{outbox_not_in_flight} \
+               (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i)){filter} \
              ORDER BY seq LIMIT $1) AS oldest \
            GROUP BY aggregatetype, aggregateid), \
          chosen AS (\
@@ -110,20 +104,20 @@ fn claim_sql(filter: &str, in_flight: Option<usize>, lock: &str) -> String {
                (ORDER BY later.aggregate_seq NULLS FIRST, later.seq) AS run_position \
              FROM outbox AS later \
              WHERE later.aggregatetype = head.aggregatetype AND later.aggregateid = head.aggregateid \
-             AND {pending_later}{later_not_in_flight} \
+             AND {pending_later} \
              ORDER BY later.aggregate_seq NULLS FIRST, later.seq LIMIT head.n) AS run), \
          claimed AS (\
-           SELECT {CLAIMED_COLUMNS} FROM outbox \
-           WHERE outbox.id = ANY(ARRAY(SELECT id FROM chosen)) AND {pending_outbox} \
+           SELECT {CLAIMED_COLUMNS}, published_at, dead_lettered_at FROM outbox \
+           WHERE outbox.id = ANY(ARRAY(SELECT id FROM chosen)) \
            FOR UPDATE{lock}) \
          SELECT claimed.id::text AS id, aggregatetype, aggregateid, type, payload, event_version, \
            aggregate_seq, traceparent, seq, attempts, age_at_claim, chosen.run_position \
          FROM claimed JOIN chosen ON claimed.id = chosen.id \
+         WHERE {pending_claimed} \
          ORDER BY chosen.first_seq, chosen.run_position",
         pending_outbox = pending("outbox"),
         pending_later = pending("later"),
-        outbox_not_in_flight = not_in_flight("outbox"),
-        later_not_in_flight = not_in_flight("later"),
+        pending_claimed = pending("claimed"),
     )
 }
 
@@ -235,14 +229,13 @@ impl PostgresSource {
     }
 
     /// Claims up to `limit` pending rows, leaving out the `excluded`
-    /// aggregates and the rows `in_flight` (by `seq`): those of this relay's
-    /// other open claim, which a plain `FOR UPDATE` would otherwise wait for.
-    /// The filter runs below the row locks, so left-out rows are not locked.
+    /// aggregates (among them those of this relay's other open claim, whose
+    /// rows a plain `FOR UPDATE` would otherwise wait for). The filter runs
+    /// below the row locks, so left-out rows are not locked.
     async fn claim_rows(
         &self,
         limit: usize,
         excluded: &[AggregateKey],
-        in_flight: &[i64],
     ) -> Result<Box<dyn Claim>, SourceError> {
         let types: Vec<&str> = excluded
             .iter()
@@ -255,14 +248,11 @@ impl PostgresSource {
         let mut txn = self.pool.begin().await?;
         let (rows, owned) = match &self.sharding {
             None => {
-                let sql = claim_sql("", (!in_flight.is_empty()).then_some(4), " SKIP LOCKED");
-                let mut query = sqlx::query(AssertSqlSafe(sql))
+                let sql = claim_sql("", " SKIP LOCKED");
+                let query = sqlx::query(AssertSqlSafe(sql))
                     .bind(limit as i64)
                     .bind(&types)
                     .bind(&ids);
-                if !in_flight.is_empty() {
-                    query = query.bind(in_flight);
-                }
                 let rows = query.fetch_all(&mut *txn).await?;
                 (rows, Vec::new())
             }
@@ -284,20 +274,13 @@ impl PostgresSource {
                     (Vec::new(), owned)
                 } else {
                     let shards: Vec<i64> = owned.iter().map(|(shard, _)| *shard).collect();
-                    let sql = claim_sql(
-                        &format!(" AND {SHARD_OF_ROW} = ANY($5::bigint[])"),
-                        (!in_flight.is_empty()).then_some(6),
-                        "",
-                    );
-                    let mut query = sqlx::query(AssertSqlSafe(sql))
+                    let sql = claim_sql(&format!(" AND {SHARD_OF_ROW} = ANY($5::bigint[])"), "");
+                    let query = sqlx::query(AssertSqlSafe(sql))
                         .bind(limit as i64)
                         .bind(&types)
                         .bind(&ids)
                         .bind(i64::from(sharding.config.count))
                         .bind(&shards);
-                    if !in_flight.is_empty() {
-                        query = query.bind(in_flight);
-                    }
                     let rows = query.fetch_all(&mut *txn).await?;
                     (rows, owned)
                 }
@@ -436,16 +419,15 @@ impl Source for PostgresSource {
         limit: usize,
         excluded: &[AggregateKey],
     ) -> Result<Box<dyn Claim>, SourceError> {
-        self.claim_rows(limit, excluded, &[]).await
+        self.claim_rows(limit, excluded).await
     }
 
     async fn claim_ahead(
         &self,
         limit: usize,
         excluded: &[AggregateKey],
-        in_flight: &[i64],
     ) -> Result<Option<Box<dyn Claim>>, SourceError> {
-        self.claim_rows(limit, excluded, in_flight).await.map(Some)
+        self.claim_rows(limit, excluded).await.map(Some)
     }
 
     /// Takes the wake-up slots and returns at once, so that the caller's
@@ -879,12 +861,15 @@ mod tests {
     use super::claim_sql;
 
     #[test]
-    fn claims_leave_out_rows_in_flight_in_both_steps() {
-        let sql = claim_sql("", Some(4), " SKIP LOCKED");
-        assert_eq!(sql.matches("unnest($4::bigint[])").count(), 2, "{sql}");
-        assert!(sql.contains("FOR UPDATE SKIP LOCKED)"), "{sql}");
-        let sql = claim_sql(" AND shard_filter", None, "");
-        assert!(!sql.contains("in_flight"), "{sql}");
+    fn claims_lock_by_primary_key_alone() {
+        let sql = claim_sql("", " SKIP LOCKED");
+        assert!(
+            sql.contains(
+                "WHERE outbox.id = ANY(ARRAY(SELECT id FROM chosen)) FOR UPDATE SKIP LOCKED)"
+            ),
+            "{sql}"
+        );
+        let sql = claim_sql(" AND shard_filter", "");
         assert!(
             sql.contains("AND shard_filter ORDER BY seq LIMIT $1"),
             "{sql}"
