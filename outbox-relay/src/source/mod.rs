@@ -21,7 +21,7 @@ use async_trait::async_trait;
 
 use crate::record::OutboxRecord;
 use crate::redact::redact_url;
-pub(crate) use runs::{RunRow, unbroken_runs};
+pub(crate) use runs::RunRow;
 
 /// How rows are claimed and settled.
 #[derive(Debug, Clone, Default)]

@@ -14,12 +14,11 @@
 //!
 //! A claim is one statement that takes each aggregate's rows in
 //! `aggregate_seq` order (see `source/runs.rs`). With shard ownership (the
-//! relay's mode), it share-locks this instance's shard rows, then locks the
-//! chosen rows of those shards with a plain `FOR UPDATE`: waiting (up to a
-//! lock timeout) for rows a previous owner still holds, never skipping
-//! them, since skipping would let a later event of the same aggregate
-//! overtake. Without it, a claim takes pending rows with `FOR UPDATE SKIP
-//! LOCKED`, and an aggregate whose run lost a row that way is cut there.
+//! relay's mode), it first reads this instance's shard rows (`FOR KEY
+//! SHARE`). It locks the chosen rows with a plain `FOR UPDATE`, waiting (up
+//! to a lock timeout) for rows another claim still holds, such as a
+//! previous owner's, never skipping them, since skipping would let a later
+//! event of the same aggregate overtake.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,7 +33,7 @@ use super::decode;
 use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
 use super::{
     AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
-    SourceOptions, Status, owners_or_none, redrive_filter, unbroken_runs,
+    SourceOptions, Status, owners_or_none, redrive_filter,
 };
 use crate::record::OutboxRecord;
 
@@ -83,38 +82,42 @@ fn pending(table: &str) -> String {
 /// `head`: the oldest pending rows by `seq` (the pending index), leaving
 /// out the excluded aggregates `$2`/`$3` (cooling down, or in an open claim
 /// of this relay) and `filter`; `chosen`: for each of their aggregates, as
-/// many of its earliest pending rows (the aggregate index), numbered;
-/// `claimed`: those rows locked, looked up by primary key alone (a
-/// condition on pending rows there would let a plan made without
-/// statistics scan a pending index instead), and still pending once
-/// locked; then the batch in claim order, each row with its
-/// `run_position` for [`unbroken_runs`].
-fn claim_sql(filter: &str, lock: &str) -> String {
+/// many of its earliest pending rows (the aggregate index); `claimed`:
+/// those rows locked, looked up by primary key alone (a condition on
+/// pending rows there would let a plan made without statistics scan a
+/// pending index instead); then those still pending once locked, aggregate
+/// by aggregate, each in sequence order, with no join that a plan made
+/// without statistics could turn quadratic.
+///
+/// A chosen row that is no longer pending once locked was published or
+/// parked meanwhile (by a previous owner of its shard): the aggregate's
+/// later rows may follow it. Rows are never skipped as locked (a claim
+/// waits, up to its lock timeout), so no earlier pending row can be left
+/// behind a later one.
+fn claim_sql(filter: &str) -> String {
     format!(
         "WITH head AS (\
-           SELECT aggregatetype, aggregateid, min(seq) AS first_seq, count(*) AS n FROM (\
+           SELECT aggregatetype, aggregateid, count(*) AS n FROM (\
              SELECT aggregatetype, aggregateid, seq FROM outbox WHERE {pending_outbox} \
              AND (aggregatetype, aggregateid) NOT IN \
                (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i)){filter} \
              ORDER BY seq LIMIT $1) AS oldest \
            GROUP BY aggregatetype, aggregateid), \
          chosen AS (\
-           SELECT run.id, head.first_seq, run.run_position FROM head CROSS JOIN LATERAL (\
-             SELECT later.id, row_number() OVER \
-               (ORDER BY later.aggregate_seq NULLS FIRST, later.seq) AS run_position \
-             FROM outbox AS later \
+           SELECT run.id FROM head CROSS JOIN LATERAL (\
+             SELECT later.id FROM outbox AS later \
              WHERE later.aggregatetype = head.aggregatetype AND later.aggregateid = head.aggregateid \
              AND {pending_later} \
              ORDER BY later.aggregate_seq NULLS FIRST, later.seq LIMIT head.n) AS run), \
          claimed AS (\
            SELECT {CLAIMED_COLUMNS}, published_at, dead_lettered_at FROM outbox \
            WHERE outbox.id = ANY(ARRAY(SELECT id FROM chosen)) \
-           FOR UPDATE{lock}) \
-         SELECT claimed.id::text AS id, aggregatetype, aggregateid, type, payload, event_version, \
-           aggregate_seq, traceparent, seq, attempts, age_at_claim, chosen.run_position \
-         FROM claimed JOIN chosen ON claimed.id = chosen.id \
-         WHERE {pending_claimed} \
-         ORDER BY chosen.first_seq, chosen.run_position",
+           FOR UPDATE) \
+         SELECT id::text AS id, aggregatetype, aggregateid, type, payload, event_version, \
+           aggregate_seq, traceparent, seq, attempts, age_at_claim, \
+           min(seq) OVER (PARTITION BY aggregatetype, aggregateid) AS first_seq \
+         FROM claimed WHERE {pending_claimed} \
+         ORDER BY first_seq, aggregate_seq NULLS FIRST, seq",
         pending_outbox = pending("outbox"),
         pending_later = pending("later"),
         pending_claimed = pending("claimed"),
@@ -248,7 +251,14 @@ impl PostgresSource {
         let mut txn = self.pool.begin().await?;
         let (rows, owned) = match &self.sharding {
             None => {
-                let sql = claim_sql("", " SKIP LOCKED");
+                // One instance: its own open claim's aggregates are left
+                // out, so a lock held by another claim is waited for (a
+                // second instance misconfigured without shards) for at most
+                // a few seconds, never skipped.
+                sqlx::query("SELECT set_config('lock_timeout', '5s', true)")
+                    .execute(&mut *txn)
+                    .await?;
+                let sql = claim_sql("");
                 let query = sqlx::query(AssertSqlSafe(sql))
                     .bind(limit as i64)
                     .bind(&types)
@@ -274,7 +284,7 @@ impl PostgresSource {
                     (Vec::new(), owned)
                 } else {
                     let shards: Vec<i64> = owned.iter().map(|(shard, _)| *shard).collect();
-                    let sql = claim_sql(&format!(" AND {SHARD_OF_ROW} = ANY($5::bigint[])"), "");
+                    let sql = claim_sql(&format!(" AND {SHARD_OF_ROW} = ANY($5::bigint[])"));
                     let query = sqlx::query(AssertSqlSafe(sql))
                         .bind(limit as i64)
                         .bind(&types)
@@ -289,7 +299,7 @@ impl PostgresSource {
         // A row that cannot be read is dead-lettered in this transaction
         // and left out; the rows of its aggregate after it wait for the
         // next claim (see `source/decode.rs`).
-        let decoded = decode::runs(&rows)?;
+        let decoded = decode::records(&rows)?;
         for row in &decoded.undecodable {
             sqlx::query(
                 "UPDATE outbox SET attempts = attempts + 1, last_error = $1, \
@@ -302,7 +312,7 @@ impl PostgresSource {
             .await?;
             row.log();
         }
-        let records = unbroken_runs(decoded.rows);
+        let records = decoded.rows;
         if !records.is_empty() {
             self.stop_watching().await;
         }
@@ -862,14 +872,12 @@ mod tests {
 
     #[test]
     fn claims_lock_by_primary_key_alone() {
-        let sql = claim_sql("", " SKIP LOCKED");
+        let sql = claim_sql("");
         assert!(
-            sql.contains(
-                "WHERE outbox.id = ANY(ARRAY(SELECT id FROM chosen)) FOR UPDATE SKIP LOCKED)"
-            ),
+            sql.contains("WHERE outbox.id = ANY(ARRAY(SELECT id FROM chosen)) FOR UPDATE)"),
             "{sql}"
         );
-        let sql = claim_sql(" AND shard_filter", "");
+        let sql = claim_sql(" AND shard_filter");
         assert!(
             sql.contains("AND shard_filter ORDER BY seq LIMIT $1"),
             "{sql}"
