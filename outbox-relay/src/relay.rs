@@ -151,7 +151,7 @@ impl Relay {
     /// Where the source can hold two claims at once (PostgreSQL), the
     /// database work overlaps the broker's: while a full batch is at the
     /// sink, the previous batch's settle commits and the next batch is
-    /// claimed, leaving out the rows in flight. A batch claimed ahead is sent
+    /// claimed, leaving out the aggregates in flight. A batch claimed ahead is sent
     /// only once the sink acknowledged every row before it; otherwise it is
     /// released and claimed again after the settle, so an aggregate's events
     /// never overtake one another.
