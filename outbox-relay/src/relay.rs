@@ -22,7 +22,7 @@ use crate::record::OutboxRecord;
 use crate::shutdown::Shutdown;
 use crate::sink::{FailureKind, SendError, Sink};
 
-use crate::source::{AggregateKey, Claim, FailedRow, Settlement, Source, SourceError};
+use crate::source::{AggregateKey, Claim, FailedRow, InFlight, Settlement, Source, SourceError};
 
 /// How the relay runs.
 #[derive(Debug, Clone)]
@@ -151,7 +151,7 @@ impl Relay {
     /// Where the source can hold two claims at once (PostgreSQL), the
     /// database work overlaps the broker's: while a full batch is at the
     /// sink, the previous batch's settle commits and the next batch is
-    /// claimed, leaving out the aggregates in flight. A batch claimed ahead is sent
+    /// claimed, each aggregate after its rows in flight. A batch claimed ahead is sent
     /// only once the sink acknowledged every row before it; otherwise it is
     /// released and claimed again after the settle, so an aggregate's events
     /// never overtake one another.
@@ -214,19 +214,11 @@ impl Relay {
 
             // A full batch suggests more rows: claim the next one while this
             // one is at the sink, once the previous batch has settled.
-            // The next batch leaves out this one's aggregates: their next
-            // rows wait for its outcome anyway, and a claim of other
-            // aggregates stays one cheap index scan.
-            let in_flight: Vec<AggregateKey> =
-                if batch.claim.records().len() == self.options.batch_size {
-                    let mut aggregates: Vec<AggregateKey> =
-                        batch.claim.records().iter().map(AggregateKey::of).collect();
-                    aggregates.sort_unstable();
-                    aggregates.dedup();
-                    aggregates
-                } else {
-                    Vec::new()
-                };
+            let in_flight = if batch.claim.records().len() == self.options.batch_size {
+                InFlight::of(batch.claim.records())
+            } else {
+                InFlight::default()
+            };
             let previous = answered.take();
             let database = async {
                 let settled = self.commit_if_any(previous).await;
@@ -360,19 +352,14 @@ impl Relay {
         Ok(Claimed { claim, claimed_at })
     }
 
-    /// Claims the next batch, of other aggregates than `in_flight`, while
-    /// those are at the sink; `None` when the source cannot, or finds
-    /// nothing.
-    async fn claim_ahead(
-        &self,
-        in_flight: &[AggregateKey],
-    ) -> Result<Option<Claimed>, SourceError> {
-        let mut excluded = self.cooling();
-        excluded.extend_from_slice(in_flight);
+    /// Claims the next batch while the rows `in_flight` are at the sink;
+    /// `None` when the source cannot, or finds nothing.
+    async fn claim_ahead(&self, in_flight: &InFlight) -> Result<Option<Claimed>, SourceError> {
+        let excluded = self.cooling();
         let claimed_at = Instant::now();
         let claim = self
             .source
-            .claim_ahead(self.options.batch_size, &excluded)
+            .claim_ahead(self.options.batch_size, &excluded, in_flight)
             .await?;
         Ok(claim
             .filter(|claim| !claim.records().is_empty())

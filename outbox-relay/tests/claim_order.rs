@@ -174,11 +174,10 @@ async fn sqlite_plain_sql_rows_keep_insertion_order() {
     plain_sql_rows_keep_insertion_order(Backend::Sqlite).await;
 }
 
-/// A claim made while an earlier one is at the broker leaves out the
-/// aggregates it is told to (the earlier claim's) without waiting for their
-/// locked rows, and takes the other aggregates' runs.
+/// A claim made while an earlier one is at the broker continues each
+/// aggregate after its rows in that claim, without waiting for them.
 #[tokio::test(flavor = "multi_thread")]
-async fn postgres_claims_ahead_take_other_aggregates() {
+async fn postgres_claims_ahead_continue_each_run() {
     let t = TestDb::new(Backend::Postgres).await;
     insert(
         &t,
@@ -187,6 +186,7 @@ async fn postgres_claims_ahead_take_other_aggregates() {
             ("a", Some(1)),
             ("b", Some(1)),
             ("a", Some(2)),
+            ("a", Some(4)),
         ],
     )
     .await;
@@ -199,18 +199,18 @@ async fn postgres_claims_ahead_take_other_aggregates() {
             .collect()
     };
     assert_eq!(types(first.records()), ["a-1", "a-2"]);
-    let a = outbox_relay::source::AggregateKey::of(&first.records()[0]);
+    let in_flight = outbox_relay::source::InFlight::of(first.records());
     let ahead = source
-        .claim_ahead(10, &[a])
+        .claim_ahead(10, &[], &in_flight)
         .await
         .expect("claim ahead")
         .expect("PostgreSQL claims ahead");
-    assert_eq!(types(ahead.records()), ["b-1"]);
+    assert_eq!(types(ahead.records()), ["a-3", "a-4", "b-1"]);
     drop(ahead);
     drop(first);
     assert_eq!(
         claim(source.as_ref(), 10).await,
-        ["a-1", "a-2", "a-3", "b-1"]
+        ["a-1", "a-2", "a-3", "a-4", "b-1"]
     );
     source.close().await;
     t.drop().await;

@@ -18,7 +18,8 @@ use outbox_relay::sink::kafka::{KafkaOptions, KafkaSink};
 use outbox_relay::sink::{SendError, Sink};
 use outbox_relay::source::shards::ShardConfig;
 use outbox_relay::source::{
-    self, AggregateKey, Backlog, Claim, Settlement, Source, SourceError, SourceOptions, Status,
+    self, AggregateKey, Backlog, Claim, InFlight, Settlement, Source, SourceError, SourceOptions,
+    Status,
 };
 use outbox_tests::kafka;
 use outbox_tests::stream::{append_events, check_stream, seed};
@@ -313,8 +314,9 @@ impl Source for CountClaimsAhead {
         &self,
         limit: usize,
         excluded: &[AggregateKey],
+        in_flight: &InFlight,
     ) -> Result<Option<Box<dyn Claim>>, SourceError> {
-        let claim = self.inner.claim_ahead(limit, excluded).await?;
+        let claim = self.inner.claim_ahead(limit, excluded, in_flight).await?;
         if claim
             .as_ref()
             .is_some_and(|claim| !claim.records().is_empty())

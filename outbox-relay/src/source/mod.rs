@@ -53,17 +53,19 @@ pub trait Source: Send + Sync {
     ) -> Result<Box<dyn Claim>, SourceError>;
 
     /// Claims like [`Source::claim`] while an earlier claim of this relay
-    /// is still open, so the relay can read the next batch while the
-    /// broker acknowledges the current one. `excluded` holds the open
-    /// claim's aggregates (their next rows wait for its outcome) besides
-    /// the cooling ones. `None` when the source cannot hold two claims at
-    /// once; the relay then claims after each settle.
+    /// is still open (`in_flight`), so the relay can read the next batch
+    /// while the broker acknowledges the current one: each aggregate of
+    /// the open claim continues after its rows there, which are the
+    /// earliest pending rows of that aggregate. `None` when the source
+    /// cannot hold two claims at once; the relay then claims after each
+    /// settle.
     async fn claim_ahead(
         &self,
         limit: usize,
         excluded: &[AggregateKey],
+        in_flight: &InFlight,
     ) -> Result<Option<Box<dyn Claim>>, SourceError> {
-        let _ = (limit, excluded);
+        let _ = (limit, excluded, in_flight);
         Ok(None)
     }
 
@@ -97,6 +99,44 @@ pub trait Source: Send + Sync {
 
     /// Stops taking part in shard ownership, handing the shards over at once.
     async fn close(&self) {}
+}
+
+/// The rows of an open claim, after which a claim ahead continues.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InFlight {
+    /// The rows' `seq`.
+    pub seqs: Vec<i64>,
+    /// Each aggregate of the claim with its number of rows there: the
+    /// earliest pending rows of the aggregate, which a claim ahead skips.
+    pub runs: Vec<(AggregateKey, i64)>,
+}
+
+impl InFlight {
+    /// The rows of a claim.
+    pub fn of(records: &[OutboxRecord]) -> Self {
+        let mut runs: Vec<(AggregateKey, i64)> = Vec::new();
+        let mut index: std::collections::HashMap<AggregateKey, usize> =
+            std::collections::HashMap::new();
+        for record in records {
+            let key = AggregateKey::of(record);
+            match index.get(&key) {
+                Some(&at) => runs[at].1 += 1,
+                None => {
+                    index.insert(key.clone(), runs.len());
+                    runs.push((key, 1));
+                }
+            }
+        }
+        Self {
+            seqs: records.iter().map(|record| record.seq).collect(),
+            runs,
+        }
+    }
+
+    /// Nothing in flight.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
 }
 
 /// An aggregate: `(aggregatetype, aggregateid)`.

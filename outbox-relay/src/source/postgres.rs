@@ -32,8 +32,8 @@ use tokio::sync::Mutex;
 use super::decode;
 use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
 use super::{
-    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, Settlement, Source, SourceError,
-    SourceOptions, Status, owners_or_none, redrive_filter,
+    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, InFlight, Settlement, Source,
+    SourceError, SourceOptions, Status, owners_or_none, redrive_filter,
 };
 use crate::record::OutboxRecord;
 
@@ -80,9 +80,12 @@ fn pending(table: &str) -> String {
 /// order (see `source/runs.rs`).
 ///
 /// `head`: the oldest pending rows by `seq` (the pending index), leaving
-/// out the excluded aggregates `$2`/`$3` (cooling down, or in an open claim
-/// of this relay) and `filter`; `chosen`: for each of their aggregates, as
-/// many of its earliest pending rows (the aggregate index); `claimed`:
+/// out the excluded aggregates `$2`/`$3`, `filter` and the rows of this
+/// relay's open claim (`$4`, by `seq`); `chosen`: for each of their
+/// aggregates, as many of its earliest pending rows (the aggregate index)
+/// after those in the open claim (`$5`, a JSON object of aggregate type to
+/// aggregate id to count: that claim took each aggregate's earliest
+/// pending rows, and a lookup in it needs no join); `claimed`:
 /// those rows locked, looked up by primary key alone (a condition on
 /// pending rows there would let a plan made without statistics scan a
 /// pending index instead); then those still pending once locked, aggregate
@@ -101,6 +104,8 @@ fn claim_sql(filter: &str) -> String {
              SELECT aggregatetype, aggregateid, seq FROM outbox WHERE {pending_outbox} \
              AND (aggregatetype, aggregateid) NOT IN \
                (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i)){filter} \
+             AND NOT EXISTS (SELECT 1 FROM unnest($4::bigint[]) AS in_flight(seq) \
+               WHERE in_flight.seq = outbox.seq) \
              ORDER BY seq LIMIT $1) AS oldest \
            GROUP BY aggregatetype, aggregateid), \
          chosen AS (\
@@ -108,7 +113,9 @@ fn claim_sql(filter: &str) -> String {
              SELECT later.id FROM outbox AS later \
              WHERE later.aggregatetype = head.aggregatetype AND later.aggregateid = head.aggregateid \
              AND {pending_later} \
-             ORDER BY later.aggregate_seq NULLS FIRST, later.seq LIMIT head.n) AS run), \
+             ORDER BY later.aggregate_seq NULLS FIRST, later.seq \
+             OFFSET COALESCE(($5::jsonb -> head.aggregatetype ->> head.aggregateid)::bigint, 0) \
+             LIMIT head.n) AS run), \
          claimed AS (\
            SELECT {CLAIMED_COLUMNS}, published_at, dead_lettered_at FROM outbox \
            WHERE outbox.id = ANY(ARRAY(SELECT id FROM chosen)) \
@@ -126,7 +133,7 @@ fn claim_sql(filter: &str) -> String {
 
 /// The shard of a row: a stable hash of its aggregate.
 const SHARD_OF_ROW: &str =
-    "((hashtextextended(aggregatetype || '/' || aggregateid, 0) % $4) + $4) % $4";
+    "((hashtextextended(aggregatetype || '/' || aggregateid, 0) % $6) + $6) % $6";
 
 /// Pending rows of a PostgreSQL database.
 pub struct PostgresSource {
@@ -232,14 +239,26 @@ impl PostgresSource {
     }
 
     /// Claims up to `limit` pending rows, leaving out the `excluded`
-    /// aggregates (among them those of this relay's other open claim, whose
-    /// rows a plain `FOR UPDATE` would otherwise wait for). The filter runs
-    /// below the row locks, so left-out rows are not locked.
+    /// aggregates and the rows of this relay's other open claim
+    /// (`in_flight`), which a plain `FOR UPDATE` would otherwise wait for:
+    /// each aggregate continues after its rows there. The filters run below
+    /// the row locks, so left-out rows are not locked.
     async fn claim_rows(
         &self,
         limit: usize,
         excluded: &[AggregateKey],
+        in_flight: &InFlight,
     ) -> Result<Box<dyn Claim>, SourceError> {
+        let mut runs: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
+        for (key, count) in &in_flight.runs {
+            if let serde_json::Value::Object(ids) = runs
+                .entry(key.aggregate_type.clone())
+                .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()))
+            {
+                ids.insert(key.aggregate_id.clone(), (*count).into());
+            }
+        }
+        let runs = serde_json::Value::Object(runs).to_string();
         let types: Vec<&str> = excluded
             .iter()
             .map(|key| key.aggregate_type.as_str())
@@ -262,7 +281,9 @@ impl PostgresSource {
                 let query = sqlx::query(AssertSqlSafe(sql))
                     .bind(limit as i64)
                     .bind(&types)
-                    .bind(&ids);
+                    .bind(&ids)
+                    .bind(&in_flight.seqs)
+                    .bind(&runs);
                 let rows = query.fetch_all(&mut *txn).await?;
                 (rows, Vec::new())
             }
@@ -284,11 +305,13 @@ impl PostgresSource {
                     (Vec::new(), owned)
                 } else {
                     let shards: Vec<i64> = owned.iter().map(|(shard, _)| *shard).collect();
-                    let sql = claim_sql(&format!(" AND {SHARD_OF_ROW} = ANY($5::bigint[])"));
+                    let sql = claim_sql(&format!(" AND {SHARD_OF_ROW} = ANY($7::bigint[])"));
                     let query = sqlx::query(AssertSqlSafe(sql))
                         .bind(limit as i64)
                         .bind(&types)
                         .bind(&ids)
+                        .bind(&in_flight.seqs)
+                        .bind(&runs)
                         .bind(i64::from(sharding.config.count))
                         .bind(&shards);
                     let rows = query.fetch_all(&mut *txn).await?;
@@ -429,15 +452,16 @@ impl Source for PostgresSource {
         limit: usize,
         excluded: &[AggregateKey],
     ) -> Result<Box<dyn Claim>, SourceError> {
-        self.claim_rows(limit, excluded).await
+        self.claim_rows(limit, excluded, &InFlight::default()).await
     }
 
     async fn claim_ahead(
         &self,
         limit: usize,
         excluded: &[AggregateKey],
+        in_flight: &InFlight,
     ) -> Result<Option<Box<dyn Claim>>, SourceError> {
-        self.claim_rows(limit, excluded).await.map(Some)
+        self.claim_rows(limit, excluded, in_flight).await.map(Some)
     }
 
     /// Takes the wake-up slots and returns at once, so that the caller's
@@ -879,8 +903,9 @@ mod tests {
         );
         let sql = claim_sql(" AND shard_filter");
         assert!(
-            sql.contains("AND shard_filter ORDER BY seq LIMIT $1"),
+            sql.contains("AND shard_filter AND NOT EXISTS (SELECT 1 FROM unnest($4::bigint[])"),
             "{sql}"
         );
+        assert!(sql.contains("OFFSET COALESCE(($5::jsonb"), "{sql}");
     }
 }
