@@ -101,7 +101,7 @@ pub fn redact_url(url: &str) -> String {
         let masked: Vec<String> = query
             .split('&')
             .map(|pair| match pair.split_once('=') {
-                Some((key, _)) if is_secret_key(&decode(key)) => format!("{key}={MASK}"),
+                Some((key, _)) if is_secret_key(&percent_decode(key)) => format!("{key}={MASK}"),
                 _ => pair.to_owned(),
             })
             .collect();
@@ -120,14 +120,14 @@ pub fn remember_url_credentials(url: &str) {
         Ok(parsed) => {
             if let Some(password) = parsed.password() {
                 remember(password);
-                remember(&decode(password));
+                remember(&percent_decode(password));
             }
             for pair in parsed.query().unwrap_or_default().split('&') {
                 if let Some((key, value)) = pair.split_once('=')
-                    && is_secret_key(&decode(key))
+                    && is_secret_key(&percent_decode(key))
                 {
                     remember(value);
-                    remember(&decode(value));
+                    remember(&percent_decode(value));
                 }
             }
         }
@@ -145,7 +145,7 @@ pub fn remember_url_credentials(url: &str) {
                 && let Some((_, password)) = userinfo.split_once(':')
             {
                 remember(password);
-                remember(&decode(password));
+                remember(&percent_decode(password));
             }
         }
     }
@@ -332,7 +332,7 @@ fn key_values(text: &str) -> Vec<(&str, &str)> {
 }
 
 /// Percent-decodes a URL component (`+` stays as it is).
-fn decode(text: &str) -> String {
+pub(crate) fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut index = 0;

@@ -280,7 +280,7 @@ pub fn replication_config(
     }
     let password = url::Url::parse(url)
         .ok()
-        .and_then(|parsed| parsed.password().map(percent_decode))
+        .and_then(|parsed| parsed.password().map(crate::redact::percent_decode))
         .unwrap_or_default();
     let host = match options.get_socket() {
         Some(socket) => socket.display().to_string(),
@@ -294,29 +294,6 @@ pub fn replication_config(
             .with_tls(TlsConfig::disabled())
             .with_application_name(APPLICATION_NAME),
     )
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        let hex = bytes
-            .get(index + 1..index + 3)
-            .and_then(|pair| std::str::from_utf8(pair).ok())
-            .and_then(|pair| u8::from_str_radix(pair, 16).ok());
-        match (bytes[index], hex) {
-            (b'%', Some(byte)) => {
-                decoded.push(byte);
-                index += 3;
-            }
-            (byte, _) => {
-                decoded.push(byte);
-                index += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&decoded).into_owned()
 }
 
 /// Whether `error` is the database error `state` (a SQLSTATE).

@@ -22,7 +22,7 @@ use sqlx::{AssertSqlSafe, MySql, Row, Transaction};
 
 use super::decode;
 use super::runs::{Head, head_sql, in_claim_order, runs_sql};
-use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
+use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore, Taken};
 use super::{
     AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, RunRow, Settlement, Source,
     SourceError, SourceOptions, Status, owners_or_none, question_mark_pairs, question_marks,
@@ -552,7 +552,7 @@ impl ShardStore for MySqlShardStore {
         instance: &str,
         lease: Duration,
         want: usize,
-    ) -> Result<Vec<(i32, i64)>, SourceError> {
+    ) -> Result<Vec<Taken>, SourceError> {
         let mut txn = self.pool.begin().await?;
         let free: Vec<(i32, i64, Option<String>)> = sqlx::query_as(
             "SELECT shard, epoch, owner FROM outbox_relay_shard \
@@ -577,20 +577,46 @@ impl ShardStore for MySqlShardStore {
             query.execute(&mut *txn).await?;
         }
         txn.commit().await?;
-        let mut stale: Vec<&str> = free
-            .iter()
-            .filter_map(|(_, _, owner)| owner.as_deref())
-            .filter(|owner| *owner != instance)
-            .collect();
-        stale.sort_unstable();
-        stale.dedup();
-        for owner in stale {
-            end_sessions_of(&self.pool, owner).await;
-        }
         Ok(free
             .into_iter()
-            .map(|(shard, epoch, _)| (shard, epoch + 1))
+            .map(|(shard, epoch, previous_owner)| Taken {
+                shard,
+                epoch: epoch + 1,
+                previous_owner,
+            })
             .collect())
+    }
+
+    /// The owner's sessions recorded in `outbox_relay_session`, of the
+    /// current server run (connection ids restart with the server), this
+    /// user and this database.
+    async fn end_sessions_of(&self, owner: &str) -> Result<u64, SourceError> {
+        let sessions: Vec<u64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT s.connection_id FROM outbox_relay_session AS s \
+             JOIN information_schema.PROCESSLIST AS p ON p.ID = s.connection_id \
+             WHERE s.instance = ? AND p.ID <> CONNECTION_ID() \
+             AND p.USER = SUBSTRING_INDEX(CURRENT_USER(), '@', 1) AND p.DB <=> DATABASE() \
+             AND ABS(TIMESTAMPDIFF(SECOND, s.server_started, {SERVER_STARTED})) <= 2"
+        )))
+        .bind(owner)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut ended = 0;
+        for session in &sessions {
+            // KILL takes no parameters; the id is a number read above.
+            match sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {session}")))
+                .execute(&self.pool)
+                .await
+            {
+                Ok(_) => ended += 1,
+                Err(error) => tracing::debug!(%error, session, "cannot end a session"),
+            }
+        }
+        sqlx::query("DELETE FROM outbox_relay_session WHERE instance = ?")
+            .bind(owner)
+            .execute(&self.pool)
+            .await?;
+        Ok(ended)
     }
 
     async fn release(&self, instance: &str, shards: &[i32]) -> Result<(), SourceError> {
@@ -704,55 +730,5 @@ async fn register_session(connection: &mut sqlx::MySqlConnection, instance: &str
     .await;
     if let Err(error) = registered {
         tracing::debug!(%error, "cannot record this database session for takeovers");
-    }
-}
-
-/// Ends the sessions of `owner`, an instance whose lease expired while it
-/// held shards: a relay paused in the middle of a claim keeps that claim's
-/// rows locked until its session ends. Only sessions of the current server
-/// run, of this user and database, are ended.
-async fn end_sessions_of(pool: &MySqlPool, owner: &str) {
-    let sessions: Result<Vec<u64>, sqlx::Error> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT s.connection_id FROM outbox_relay_session AS s \
-         JOIN information_schema.PROCESSLIST AS p ON p.ID = s.connection_id \
-         WHERE s.instance = ? AND p.ID <> CONNECTION_ID() \
-         AND p.USER = SUBSTRING_INDEX(CURRENT_USER(), '@', 1) AND p.DB <=> DATABASE() \
-         AND ABS(TIMESTAMPDIFF(SECOND, s.server_started, {SERVER_STARTED})) <= 2"
-    )))
-    .bind(owner)
-    .fetch_all(pool)
-    .await;
-    let sessions = match sessions {
-        Ok(sessions) => sessions,
-        Err(error) => {
-            tracing::warn!(
-                owner,
-                %error,
-                "cannot find the sessions of the shards' previous owner; its claims end with their timeouts"
-            );
-            return;
-        }
-    };
-    let mut ended = 0;
-    for session in &sessions {
-        // KILL takes no parameters; the id is a number read above.
-        match sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {session}")))
-            .execute(pool)
-            .await
-        {
-            Ok(_) => ended += 1,
-            Err(error) => tracing::debug!(%error, session, "cannot end a session"),
-        }
-    }
-    let _ = sqlx::query("DELETE FROM outbox_relay_session WHERE instance = ?")
-        .bind(owner)
-        .execute(pool)
-        .await;
-    if ended > 0 {
-        tracing::warn!(
-            owner,
-            ended,
-            "took over shards whose owner stopped renewing its lease; ended its database sessions"
-        );
     }
 }

@@ -30,7 +30,7 @@ use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use tokio::sync::Mutex;
 
 use super::decode;
-use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore};
+use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore, Taken};
 use super::{
     AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, InFlight, Settlement, Source,
     SourceError, SourceOptions, Status, owners_or_none, redrive_filter,
@@ -737,37 +737,6 @@ fn uuids<'a>(ids: impl Iterator<Item = &'a String>) -> Result<Vec<uuid::Uuid>, S
     .collect()
 }
 
-/// Ends the database sessions of `owner`, an instance whose lease expired
-/// while it held shards: a relay paused or frozen in the middle of a claim
-/// keeps that claim's rows locked (a statement blocked on sending rows to
-/// a stopped client is not idle, so no idle timeout ends it) until its
-/// session ends. Its sessions carry its id as `application_name`. A
-/// resumed owner finds its connections closed and its lease gone, and
-/// sends nothing more of those shards.
-async fn end_sessions_of(pool: &PgPool, owner: &str) {
-    let ended = sqlx::query_scalar::<_, i64>(
-        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
-         WHERE application_name = left($1, 63) AND datname = current_database() \
-         AND pid <> pg_backend_pid()",
-    )
-    .bind(owner)
-    .fetch_one(pool)
-    .await;
-    match ended {
-        Ok(0) => {}
-        Ok(ended) => tracing::warn!(
-            owner,
-            ended,
-            "took over shards whose owner stopped renewing its lease; ended its database sessions"
-        ),
-        Err(error) => tracing::warn!(
-            owner,
-            %error,
-            "cannot end the sessions of the shards' previous owner; its claims end with their timeouts"
-        ),
-    }
-}
-
 /// Shard ownership statements on PostgreSQL.
 struct PgShardStore {
     pool: PgPool,
@@ -832,7 +801,7 @@ impl ShardStore for PgShardStore {
         instance: &str,
         lease: Duration,
         want: usize,
-    ) -> Result<Vec<(i32, i64)>, SourceError> {
+    ) -> Result<Vec<Taken>, SourceError> {
         let taken: Vec<(i32, i64, Option<String>)> = sqlx::query_as(
             "WITH free AS (SELECT shard, owner FROM outbox_relay_shard \
                WHERE owner IS NULL OR lease_until < now() \
@@ -847,20 +816,27 @@ impl ShardStore for PgShardStore {
         .bind(want as i64)
         .fetch_all(&self.pool)
         .await?;
-        let mut stale: Vec<&str> = taken
-            .iter()
-            .filter_map(|(_, _, owner)| owner.as_deref())
-            .filter(|owner| *owner != instance)
-            .collect();
-        stale.sort_unstable();
-        stale.dedup();
-        for owner in stale {
-            end_sessions_of(&self.pool, owner).await;
-        }
         Ok(taken
             .into_iter()
-            .map(|(shard, epoch, _)| (shard, epoch))
+            .map(|(shard, epoch, previous_owner)| Taken {
+                shard,
+                epoch,
+                previous_owner,
+            })
             .collect())
+    }
+
+    /// The owner's sessions carry its id as `application_name`.
+    async fn end_sessions_of(&self, owner: &str) -> Result<u64, SourceError> {
+        let ended: i64 = sqlx::query_scalar(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = left($1, 63) AND datname = current_database() \
+             AND pid <> pg_backend_pid()",
+        )
+        .bind(owner)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(ended as u64)
     }
 
     async fn release(&self, instance: &str, shards: &[i32]) -> Result<(), SourceError> {

@@ -86,20 +86,33 @@ pub(crate) trait ShardStore: Send + Sync {
     /// with their epochs.
     async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<(i32, i64)>, SourceError>;
 
-    /// Takes up to `want` free or expired shards; returns those taken, with
-    /// their new epochs.
+    /// Takes up to `want` free or expired shards; returns those taken.
     async fn acquire(
         &self,
         instance: &str,
         lease: Duration,
         want: usize,
-    ) -> Result<Vec<(i32, i64)>, SourceError>;
+    ) -> Result<Vec<Taken>, SourceError>;
+
+    /// Ends the database sessions of `owner`, an instance whose lease
+    /// expired while it held shards; returns how many it ended.
+    async fn end_sessions_of(&self, owner: &str) -> Result<u64, SourceError>;
 
     /// Gives up `shards`.
     async fn release(&self, instance: &str, shards: &[i32]) -> Result<(), SourceError>;
 
     /// Gives up every shard and unregisters.
     async fn leave(&self, instance: &str) -> Result<(), SourceError>;
+}
+
+/// A shard taken by [`ShardStore::acquire`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Taken {
+    pub shard: i32,
+    /// Its epoch from now on.
+    pub epoch: i64,
+    /// The owner whose lease had expired, if any (else it was free).
+    pub previous_owner: Option<String>,
 }
 
 /// This instance's view of its shards, kept current by [`run_membership`].
@@ -237,14 +250,46 @@ async fn round(
             .acquire(&config.instance, config.lease, fair - owned.len())
             .await?;
         if !taken.is_empty() {
-            let shards: Vec<i32> = taken.iter().map(|(shard, _)| *shard).collect();
+            let shards: Vec<i32> = taken.iter().map(|taken| taken.shard).collect();
             tracing::info!(?shards, live, "took over shards");
         }
-        owned.extend(taken);
+        end_stale_owners(store, &config.instance, &taken).await;
+        owned.extend(taken.iter().map(|taken| (taken.shard, taken.epoch)));
         membership.renewed(started, config.lease, &owned);
     }
     crate::metrics::record_owned_shards(owned.len());
     Ok(())
+}
+
+/// Ends the database sessions of the instances whose expired shards were
+/// just taken: a relay paused or frozen in the middle of a claim keeps that
+/// claim's rows locked (a statement blocked on sending rows to a stopped
+/// client is not idle, so no idle timeout ends it) until its session ends.
+/// A resumed owner finds its connections closed and its lease gone, and
+/// sends nothing more of those shards.
+async fn end_stale_owners(store: &dyn ShardStore, instance: &str, taken: &[Taken]) {
+    let mut stale: Vec<&str> = taken
+        .iter()
+        .filter_map(|taken| taken.previous_owner.as_deref())
+        .filter(|owner| *owner != instance)
+        .collect();
+    stale.sort_unstable();
+    stale.dedup();
+    for owner in stale {
+        match store.end_sessions_of(owner).await {
+            Ok(0) => {}
+            Ok(ended) => tracing::warn!(
+                owner,
+                ended,
+                "took over shards whose owner stopped renewing its lease; ended its database sessions"
+            ),
+            Err(error) => tracing::warn!(
+                owner,
+                %error,
+                "cannot end the sessions of the shards' previous owner; its claims end with their timeouts"
+            ),
+        }
+    }
 }
 
 /// Leaves at shutdown so that other instances take the shards over at once.
