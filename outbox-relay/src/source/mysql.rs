@@ -7,9 +7,10 @@
 //! exactly those rows by primary key. InnoDB locks every record a locking
 //! scan passes, so a single locking scan filtered by shard would wait on
 //! other instances' rows. With shard ownership (the relay's mode), the
-//! claim share-locks this instance's shard rows first and waits (up to the
-//! lock wait timeout) for rows a previous owner still holds rather than
-//! skipping them. Without shards, rows another claim holds are skipped
+//! claim reads this instance's shard rows without locking them (fencing
+//! at the mark checks their epochs) and waits (up to the lock wait
+//! timeout) for rows a previous owner still holds rather than skipping
+//! them. Without shards, rows another claim holds are skipped
 //! (`FOR UPDATE SKIP LOCKED`) and an aggregate's run is cut there.
 
 use std::collections::HashMap;
@@ -391,8 +392,11 @@ enum ShardCheck {
     /// renewal or takeover ever waits for a claim (a long send, a paused
     /// relay); fencing at the mark covers a change of owner meanwhile.
     Claim,
-    /// At the mark: share-locked until the commit, so that no takeover
-    /// slips in between the epoch check and the mark.
+    /// At the mark: every shard this instance owns, unlocked, so that a
+    /// relay paused in the middle of its mark holds up no takeover. A
+    /// takeover between the epoch check and the commit is harmless: the
+    /// new owner's claim waits for this claim's row locks and then finds
+    /// the rows marked.
     Mark,
 }
 
@@ -408,8 +412,7 @@ async fn owned_shards(
              WHERE owner = ? AND lease_until > UTC_TIMESTAMP(6) ORDER BY shard"
         }
         ShardCheck::Mark => {
-            "SELECT shard, epoch FROM outbox_relay_shard WHERE owner = ? ORDER BY shard \
-             LOCK IN SHARE MODE"
+            "SELECT shard, epoch FROM outbox_relay_shard WHERE owner = ? ORDER BY shard"
         }
     };
     let rows = sqlx::query(sql)
