@@ -84,6 +84,9 @@ struct Case {
     aggregates: usize,
     relays: usize,
     kill_one: bool,
+    /// The relays' `--batch-size`, when not the default: small batches cut
+    /// aggregates' runs between claims.
+    batch_size: Option<&'static str>,
 }
 
 impl Case {
@@ -95,6 +98,7 @@ impl Case {
             aggregates,
             relays,
             kill_one: false,
+            batch_size: None,
         }
     }
 }
@@ -248,6 +252,9 @@ impl Relays {
                         "--publication",
                         t.name(),
                     ]),
+                }
+                if let Some(batch_size) = case.batch_size {
+                    args.extend(["--batch-size", batch_size]);
                 }
                 let process = RelayProcess::spawn(
                     Path::new(RELAY),
@@ -496,6 +503,33 @@ async fn postgres_three_relays_one_killed_5_aggregates() {
     run(Case {
         kill_one: true,
         ..Case::poll("pg-3relays-kill-5agg", Backend::Postgres, 5, 3)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_one_relay_batches_of_2_on_5_aggregates() {
+    run(Case {
+        batch_size: Some("2"),
+        ..Case::poll("pg-1relay-batch2-5agg", Backend::Postgres, 5, 1)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_two_relays_batches_of_3_on_2_aggregates() {
+    run(Case {
+        batch_size: Some("3"),
+        ..Case::poll("pg-2relays-batch3-2agg", Backend::Postgres, 2, 2)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_one_relay_batches_of_2_on_5_aggregates() {
+    run(Case {
+        batch_size: Some("2"),
+        ..Case::poll("maria-1relay-batch2-5agg", Backend::MySql, 5, 1)
     })
     .await;
 }

@@ -106,24 +106,48 @@ pub trait Source: Send + Sync {
 pub struct InFlight {
     /// The rows' `seq`.
     pub seqs: Vec<i64>,
-    /// Each aggregate of the claim with its number of rows there: the
-    /// earliest pending rows of the aggregate, which a claim ahead skips.
-    pub runs: Vec<(AggregateKey, i64)>,
+    /// Each aggregate of the claim with the place of its last row there
+    /// (the claim took the aggregate's earliest pending rows, up to that
+    /// place): a claim ahead continues the aggregate after it.
+    pub runs: Vec<(AggregateKey, RunEnd)>,
+}
+
+/// Where an aggregate's rows in a claim end, in claim order: rows written
+/// by plain SQL (no `aggregate_seq`) first, then by `aggregate_seq`, ties by
+/// `seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RunEnd {
+    /// `aggregate_seq` of the last row, 0 for a row without one (numbers
+    /// start at 1).
+    pub aggregate_seq: i64,
+    /// `seq` of the last row.
+    pub seq: i64,
+}
+
+impl RunEnd {
+    /// The place of `record` in its aggregate's claim order.
+    pub fn of(record: &OutboxRecord) -> Self {
+        Self {
+            aggregate_seq: record.aggregate_seq.unwrap_or(0),
+            seq: record.seq,
+        }
+    }
 }
 
 impl InFlight {
     /// The rows of a claim.
     pub fn of(records: &[OutboxRecord]) -> Self {
-        let mut runs: Vec<(AggregateKey, i64)> = Vec::new();
+        let mut runs: Vec<(AggregateKey, RunEnd)> = Vec::new();
         let mut index: std::collections::HashMap<AggregateKey, usize> =
             std::collections::HashMap::new();
         for record in records {
             let key = AggregateKey::of(record);
+            let end = RunEnd::of(record);
             match index.get(&key) {
-                Some(&at) => runs[at].1 += 1,
+                Some(&at) => runs[at].1 = runs[at].1.max(end),
                 None => {
                     index.insert(key.clone(), runs.len());
-                    runs.push((key, 1));
+                    runs.push((key, end));
                 }
             }
         }

@@ -12,24 +12,26 @@
 //! row committed after that claim either comes from a writer the claim
 //! waited for, or was notified.
 //!
-//! A claim is one statement that takes each aggregate's rows in
-//! `aggregate_seq` order (see `source/runs.rs`). With shard ownership (the
-//! relay's mode), it first reads this instance's shard rows (`FOR KEY
-//! SHARE`). It locks the chosen rows with a plain `FOR UPDATE`, waiting (up
-//! to a lock timeout) for rows another claim still holds, such as a
-//! previous owner's, never skipping them, since skipping would let a later
-//! event of the same aggregate overtake.
+//! A claim takes each aggregate's rows in `aggregate_seq` order (see
+//! `source/runs.rs`) in two statements: the oldest pending rows (nothing
+//! locked), then the rows the plan takes, locked with a plain `FOR UPDATE`
+//! as they are read. With shard ownership (the relay's mode), it first
+//! reads this instance's shard rows (`FOR KEY SHARE`). It waits (up to a
+//! lock timeout) for rows another claim still holds, such as a previous
+//! owner's, never skipping them, since skipping would let a later event of
+//! the same aggregate overtake.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use tokio::sync::Mutex;
 
 use super::decode;
+use super::runs::{self, HeadRow, Plan, Settled};
 use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore, Taken};
 use super::{
     AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, InFlight, Settlement, Source,
@@ -76,64 +78,70 @@ fn pending(table: &str) -> String {
     format!("{table}.published_at IS NULL AND {table}.dead_lettered_at IS NULL")
 }
 
-/// The claim statement: up to `$1` rows, each aggregate's in `aggregate_seq`
-/// order (see `source/runs.rs`).
-///
-/// `head`: the oldest pending rows by `seq` (the pending index), leaving
-/// out the excluded aggregates `$2`/`$3`, `filter` and the rows of this
-/// relay's open claim (`$4`, by `seq`); `chosen`: for each of their
-/// aggregates, as many of its earliest pending rows (the aggregate index)
-/// after those in the open claim (`$5`, a JSON object of aggregate type to
-/// aggregate id to count: that claim took each aggregate's earliest
-/// pending rows, and a lookup in it needs no join); `claimed`:
-/// those rows locked, looked up by primary key alone (a condition on
-/// pending rows there would let a plan made without statistics scan a
-/// pending index instead); then those still pending once locked, aggregate
-/// by aggregate, each in sequence order, with no join that a plan made
-/// without statistics could turn quadratic.
-///
-/// A chosen row that is no longer pending once locked was published or
-/// parked meanwhile (by a previous owner of its shard): the aggregate's
-/// later rows may follow it. Rows are never skipped as locked (a claim
-/// waits, up to its lock timeout), so no earlier pending row can be left
-/// behind a later one.
-fn claim_sql(filter: &str) -> String {
+/// The oldest pending rows by `seq` (the pending index), up to `$1`,
+/// leaving out the excluded aggregates `$2`/`$3`, `filter` and the rows of
+/// this relay's open claim (`$4`, by `seq`): what [`runs::plan`] decides
+/// the claim from. Nothing is locked here.
+fn head_sql(filter: &str) -> String {
     format!(
-        "WITH head AS (\
-           SELECT aggregatetype, aggregateid, count(*) AS n FROM (\
-             SELECT aggregatetype, aggregateid, seq FROM outbox WHERE {pending_outbox} \
-             AND (aggregatetype, aggregateid) NOT IN \
-               (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i)){filter} \
-             AND NOT EXISTS (SELECT 1 FROM unnest($4::bigint[]) AS in_flight(seq) \
-               WHERE in_flight.seq = outbox.seq) \
-             ORDER BY seq LIMIT $1) AS oldest \
-           GROUP BY aggregatetype, aggregateid), \
-         chosen AS (\
-           SELECT run.id FROM head CROSS JOIN LATERAL (\
-             SELECT later.id FROM outbox AS later \
-             WHERE later.aggregatetype = head.aggregatetype AND later.aggregateid = head.aggregateid \
-             AND {pending_later} \
-             ORDER BY later.aggregate_seq NULLS FIRST, later.seq \
-             OFFSET COALESCE(($5::jsonb -> head.aggregatetype ->> head.aggregateid)::bigint, 0) \
-             LIMIT head.n) AS run), \
-         claimed AS (\
-           SELECT {CLAIMED_COLUMNS}, published_at, dead_lettered_at FROM outbox \
-           WHERE outbox.id = ANY(ARRAY(SELECT id FROM chosen)) \
-           FOR UPDATE) \
-         SELECT id::text AS id, aggregatetype, aggregateid, type, payload, event_version, \
-           aggregate_seq, traceparent, seq, attempts, age_at_claim, \
-           min(seq) OVER (PARTITION BY aggregatetype, aggregateid) AS first_seq \
-         FROM claimed WHERE {pending_claimed} \
-         ORDER BY first_seq, aggregate_seq NULLS FIRST, seq",
-        pending_outbox = pending("outbox"),
-        pending_later = pending("later"),
-        pending_claimed = pending("claimed"),
+        "SELECT aggregatetype, aggregateid, aggregate_seq, seq FROM outbox WHERE {pending} \
+         AND (aggregatetype, aggregateid) NOT IN \
+           (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i)){filter} \
+         AND NOT EXISTS (SELECT 1 FROM unnest($4::bigint[]) AS in_flight(seq) \
+           WHERE in_flight.seq = outbox.seq) \
+         ORDER BY seq LIMIT $1",
+        pending = pending("outbox"),
+    )
+}
+
+/// Locks and reads the rows a [`runs::Plan`] takes, still pending once
+/// locked: `rows`, the rows `$1` by `seq` (the pending index), and
+/// `lookups`, for each aggregate `$2`/`$3` its `$4` earliest pending rows
+/// in `aggregate_seq` order after the place `$5`/`$6` where its rows in
+/// flight end (the aggregate index; the place is a filter of the index
+/// scan, below the lock, so rows in flight are never waited for).
+///
+/// A row another transaction changed meanwhile is read again once locked:
+/// one no longer pending (published or parked by a previous owner of its
+/// shard) is passed over, and a lookup takes the aggregate's next row,
+/// which may follow it. Rows are never skipped as locked (a claim waits,
+/// up to its lock timeout), so no earlier pending row can be left behind a
+/// later one.
+fn lock_sql(rows: bool, lookups: bool) -> String {
+    let by_seq = format!(
+        "SELECT {CLAIMED_COLUMNS} FROM outbox WHERE seq = ANY($1::bigint[]) AND {pending} \
+         FOR UPDATE",
+        pending = pending("outbox"),
+    );
+    let looked_up = format!(
+        "SELECT run.* FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[]) \
+           AS lookup(aggregatetype, aggregateid, n, after_aggregate_seq, after_seq) \
+         CROSS JOIN LATERAL (\
+           SELECT {CLAIMED_COLUMNS} FROM outbox AS later \
+           WHERE later.aggregatetype = lookup.aggregatetype \
+           AND later.aggregateid = lookup.aggregateid AND {pending} \
+           AND (COALESCE(later.aggregate_seq, 0), later.seq) \
+             > (lookup.after_aggregate_seq, lookup.after_seq) \
+           ORDER BY later.aggregate_seq NULLS FIRST, later.seq \
+           LIMIT lookup.n FOR UPDATE) AS run",
+        pending = pending("later"),
+    );
+    let claimed = match (rows, lookups) {
+        (true, true) => {
+            format!("WITH by_seq AS ({by_seq}) SELECT * FROM by_seq UNION ALL {looked_up}")
+        }
+        (true, false) => by_seq,
+        (false, _) => looked_up,
+    };
+    format!(
+        "SELECT id::text AS id, aggregatetype, aggregateid, type, payload, event_version, \
+           aggregate_seq, traceparent, seq, attempts, age_at_claim FROM ({claimed}) AS claimed"
     )
 }
 
 /// The shard of a row: a stable hash of its aggregate.
 const SHARD_OF_ROW: &str =
-    "((hashtextextended(aggregatetype || '/' || aggregateid, 0) % $6) + $6) % $6";
+    "((hashtextextended(aggregatetype || '/' || aggregateid, 0) % $5) + $5) % $5";
 
 /// Pending rows of a PostgreSQL database.
 pub struct PostgresSource {
@@ -145,6 +153,8 @@ pub struct PostgresSource {
     owns_no_shard: AtomicBool,
     delete_on_publish: bool,
     sharding: Option<Sharding>,
+    /// Where the aggregates this relay settled continue.
+    settled: Arc<Settled>,
 }
 
 /// This instance's part in shard ownership.
@@ -190,6 +200,7 @@ impl PostgresSource {
             owns_no_shard: AtomicBool::new(false),
             delete_on_publish: options.delete_on_publish,
             sharding: None,
+            settled: Arc::default(),
         };
         if let Some(config) = options.shards {
             source.check_table().await?;
@@ -249,16 +260,6 @@ impl PostgresSource {
         excluded: &[AggregateKey],
         in_flight: &InFlight,
     ) -> Result<Box<dyn Claim>, SourceError> {
-        let mut runs: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
-        for (key, count) in &in_flight.runs {
-            if let serde_json::Value::Object(ids) = runs
-                .entry(key.aggregate_type.clone())
-                .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()))
-            {
-                ids.insert(key.aggregate_id.clone(), (*count).into());
-            }
-        }
-        let runs = serde_json::Value::Object(runs).to_string();
         let types: Vec<&str> = excluded
             .iter()
             .map(|key| key.aggregate_type.as_str())
@@ -268,7 +269,7 @@ impl PostgresSource {
             .map(|key| key.aggregate_id.as_str())
             .collect();
         let mut txn = self.pool.begin().await?;
-        let (rows, owned) = match &self.sharding {
+        let (plan, rows, owned) = match &self.sharding {
             None => {
                 // One instance: its own open claim's aggregates are left
                 // out, so a lock held by another claim is waited for (a
@@ -277,15 +278,15 @@ impl PostgresSource {
                 sqlx::query("SELECT set_config('lock_timeout', '5s', true)")
                     .execute(&mut *txn)
                     .await?;
-                let sql = claim_sql("");
-                let query = sqlx::query(AssertSqlSafe(sql))
+                let head = sqlx::query_as::<_, HeadRow>(AssertSqlSafe(head_sql("")))
                     .bind(limit as i64)
                     .bind(&types)
                     .bind(&ids)
                     .bind(&in_flight.seqs)
-                    .bind(&runs);
-                let rows = query.fetch_all(&mut *txn).await?;
-                (rows, Vec::new())
+                    .fetch_all(&mut *txn)
+                    .await?;
+                let (plan, rows) = self.lock_planned(&mut txn, &head, in_flight).await?;
+                (plan, rows, Vec::new())
             }
             Some(sharding) => {
                 // Transaction-local: a paused relay's claim ends after the
@@ -302,20 +303,21 @@ impl PostgresSource {
                 self.owns_no_shard
                     .store(owned.is_empty(), Ordering::Relaxed);
                 if owned.is_empty() {
-                    (Vec::new(), owned)
+                    (Plan::default(), Vec::new(), owned)
                 } else {
                     let shards: Vec<i64> = owned.iter().map(|(shard, _)| *shard).collect();
-                    let sql = claim_sql(&format!(" AND {SHARD_OF_ROW} = ANY($7::bigint[])"));
-                    let query = sqlx::query(AssertSqlSafe(sql))
+                    let sql = head_sql(&format!(" AND {SHARD_OF_ROW} = ANY($6::bigint[])"));
+                    let head = sqlx::query_as::<_, HeadRow>(AssertSqlSafe(sql))
                         .bind(limit as i64)
                         .bind(&types)
                         .bind(&ids)
                         .bind(&in_flight.seqs)
-                        .bind(&runs)
                         .bind(i64::from(sharding.config.count))
-                        .bind(&shards);
-                    let rows = query.fetch_all(&mut *txn).await?;
-                    (rows, owned)
+                        .bind(&shards)
+                        .fetch_all(&mut *txn)
+                        .await?;
+                    let (plan, rows) = self.lock_planned(&mut txn, &head, in_flight).await?;
+                    (plan, rows, owned)
                 }
             }
         };
@@ -335,13 +337,15 @@ impl PostgresSource {
             .await?;
             row.log();
         }
-        let records = decoded.rows;
+        let mut records = decoded.rows;
+        runs::claim_order(&plan, &mut records);
         if !records.is_empty() {
             self.stop_watching().await;
         }
         Ok(Box::new(PostgresClaim {
             txn,
             records,
+            settled: self.settled.clone(),
             delete_on_publish: self.delete_on_publish,
             fencing: self.sharding.as_ref().map(|sharding| Fencing {
                 instance: sharding.config.instance.clone(),
@@ -349,6 +353,49 @@ impl PostgresSource {
                 membership: sharding.membership.clone(),
             }),
         }))
+    }
+
+    /// Plans the claim from the oldest pending rows `head` and locks the
+    /// rows it takes.
+    async fn lock_planned(
+        &self,
+        txn: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        head: &[HeadRow],
+        in_flight: &InFlight,
+    ) -> Result<(Plan, Vec<PgRow>), SourceError> {
+        let plan = runs::plan(head, in_flight, &self.settled);
+        if plan.rows.is_empty() && plan.lookups.is_empty() {
+            return Ok((plan, Vec::new()));
+        }
+        let lookups = &plan.lookups;
+        let rows = sqlx::query(AssertSqlSafe(lock_sql(
+            !plan.rows.is_empty(),
+            !lookups.is_empty(),
+        )))
+        .bind(&plan.rows)
+        .bind(
+            lookups
+                .iter()
+                .map(|l| l.key.aggregate_type.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            lookups
+                .iter()
+                .map(|l| l.key.aggregate_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(lookups.iter().map(|l| l.n).collect::<Vec<_>>())
+        .bind(
+            lookups
+                .iter()
+                .map(|l| l.after.aggregate_seq)
+                .collect::<Vec<_>>(),
+        )
+        .bind(lookups.iter().map(|l| l.after.seq).collect::<Vec<_>>())
+        .fetch_all(&mut **txn)
+        .await?;
+        Ok((plan, rows))
     }
 
     async fn listen(&self) -> Result<Listener, sqlx::Error> {
@@ -653,6 +700,7 @@ struct PostgresClaim {
     records: Vec<OutboxRecord>,
     delete_on_publish: bool,
     fencing: Option<Fencing>,
+    settled: Arc<Settled>,
 }
 
 #[async_trait]
@@ -705,8 +753,27 @@ impl Claim for PostgresClaim {
             .await?;
         }
         self.txn.commit().await?;
+        settled_rows(&self.settled, &self.records, settlement);
         Ok(())
     }
+}
+
+/// Records in `settled` where each aggregate of a committed settlement
+/// continues.
+fn settled_rows(settled: &Settled, records: &[OutboxRecord], settlement: &Settlement) {
+    let done: std::collections::HashSet<&str> = settlement
+        .published
+        .iter()
+        .map(String::as_str)
+        .chain(
+            settlement
+                .failed
+                .iter()
+                .filter(|row| row.dead_letter)
+                .map(|row| row.id.as_str()),
+        )
+        .collect();
+    settled.record(records, |record| !done.contains(record.id.as_str()));
 }
 
 /// Marks the rows `ids` published, or deletes them with `delete`.
@@ -868,20 +935,31 @@ impl ShardStore for PgShardStore {
 
 #[cfg(test)]
 mod tests {
-    use super::claim_sql;
+    use super::{head_sql, lock_sql};
 
     #[test]
-    fn claims_lock_by_primary_key_alone() {
-        let sql = claim_sql("");
-        assert!(
-            sql.contains("WHERE outbox.id = ANY(ARRAY(SELECT id FROM chosen)) FOR UPDATE)"),
-            "{sql}"
-        );
-        let sql = claim_sql(" AND shard_filter");
+    fn the_head_locks_nothing() {
+        let sql = head_sql(" AND shard_filter");
+        assert!(!sql.contains("FOR UPDATE"), "{sql}");
         assert!(
             sql.contains("AND shard_filter AND NOT EXISTS (SELECT 1 FROM unnest($4::bigint[])"),
             "{sql}"
         );
-        assert!(sql.contains("OFFSET COALESCE(($5::jsonb"), "{sql}");
+    }
+
+    #[test]
+    fn claims_lock_rows_as_they_are_read_never_skipping_any() {
+        for (rows, lookups) in [(true, true), (true, false), (false, true)] {
+            let sql = lock_sql(rows, lookups);
+            assert!(!sql.contains("SKIP LOCKED"), "{sql}");
+            assert_eq!(sql.contains("seq = ANY($1::bigint[])"), rows, "{sql}");
+            assert_eq!(
+                sql.contains(
+                    "ORDER BY later.aggregate_seq NULLS FIRST, later.seq LIMIT lookup.n FOR UPDATE"
+                ),
+                lookups,
+                "{sql}"
+            );
+        }
     }
 }

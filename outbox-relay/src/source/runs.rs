@@ -4,20 +4,25 @@
 //! Every source claims the same way. The oldest pending rows by `seq`
 //! choose the aggregates of the batch and how many rows each gets; each
 //! aggregate then gives that many of its earliest pending rows in
-//! `aggregate_seq` order, numbered 1, 2, ... (`run_position`). The rows
-//! that chose an aggregate need not be the ones it gives: a writer that
-//! waited for an aggregate's sequence row may insert with a lower `seq`
-//! than the writer it waited for, and its later event must not go first.
-//! Rows without `aggregate_seq` (written by plain SQL) come first, in `seq`
-//! order. The batch goes out aggregate by aggregate, in the order of their
-//! oldest rows; each aggregate's run in sequence order.
+//! `aggregate_seq` order. The rows that chose an aggregate need not be the
+//! ones it gives: a writer that waited for an aggregate's sequence row may
+//! insert with a lower `seq` than the writer it waited for, and its later
+//! event must not go first. Rows without `aggregate_seq` (written by plain
+//! SQL) come first, in `seq` order. The batch goes out aggregate by
+//! aggregate, in the order of their oldest rows; each aggregate's run in
+//! sequence order.
 //!
-//! PostgreSQL does it in one statement (`source/postgres.rs`); MariaDB/MySQL
-//! and SQLite run [`head_sql`] and [`runs_sql`] and order the result with
+//! PostgreSQL reads the oldest rows themselves and [`plan`]s: an aggregate
+//! whose oldest rows are provably its earliest pending ones (their numbers
+//! continue where the aggregate is known to stand) is claimed by `seq` as
+//! it is, any other is looked up in `aggregate_seq` order; both in one
+//! locking statement, ordered by [`claim_order`]. MariaDB/MySQL and SQLite
+//! run [`head_sql`] and [`runs_sql`] and order the result with
 //! [`in_claim_order`].
 
 use std::collections::HashMap;
 
+use super::{AggregateKey, InFlight, RunEnd};
 use crate::record::OutboxRecord;
 
 /// A claimed row with its place in its aggregate's run: 1 for the
@@ -146,6 +151,229 @@ pub(crate) fn in_claim_order(heads: &[Head], mut rows: Vec<RunRow>) -> Vec<Outbo
     unbroken_runs(rows)
 }
 
+/// One of the oldest pending rows by `seq`: what a plan needs of it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct HeadRow {
+    /// `aggregatetype`.
+    pub aggregatetype: String,
+    /// `aggregateid`.
+    pub aggregateid: String,
+    /// `aggregate_seq`, `None` for a row written by plain SQL.
+    pub aggregate_seq: Option<i64>,
+    /// `seq`.
+    pub seq: i64,
+}
+
+impl HeadRow {
+    fn key(&self) -> AggregateKey {
+        AggregateKey {
+            aggregate_type: self.aggregatetype.clone(),
+            aggregate_id: self.aggregateid.clone(),
+        }
+    }
+}
+
+/// Which rows a claim takes, decided from the oldest pending rows.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Plan {
+    /// Rows known to be the earliest pending rows of their aggregates
+    /// (after those in flight): locked by `seq` as they are.
+    pub rows: Vec<i64>,
+    /// Aggregates whose earliest pending rows must be looked up in
+    /// `aggregate_seq` order.
+    pub lookups: Vec<Lookup>,
+    /// The `seq` of each aggregate's oldest row: the batch goes out
+    /// aggregate by aggregate in this order.
+    pub first_seq: HashMap<AggregateKey, i64>,
+}
+
+/// An aggregate whose rows a claim looks up: its `n` earliest pending rows
+/// after `after`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Lookup {
+    /// The aggregate.
+    pub key: AggregateKey,
+    /// How many rows it gets.
+    pub n: i64,
+    /// Where its rows in flight end ([`RunEnd`] of 0, 0 when none are).
+    pub after: RunEnd,
+}
+
+/// Decides, for each aggregate of the oldest pending rows `head` (in `seq`
+/// order), whether those rows are already its earliest pending ones (after
+/// its rows `in_flight`), so they can be claimed as they are, or whether
+/// its rows must be looked up in `aggregate_seq` order.
+///
+/// The head holds every pending row up to its last `seq` (leaving out rows
+/// in flight), so for an aggregate:
+/// - rows written by plain SQL are the earliest of their kind, and come
+///   first: taken as they are, unless the aggregate has numbered rows in
+///   flight (their order is then looked up);
+/// - numbered rows are its earliest when their `aggregate_seq` are exactly
+///   the numbers after the last one known not to be pending: the end of
+///   its rows in flight, else the last one this relay settled
+///   (`settled`), else 0 when the head holds number 1 (the aggregate's
+///   first event). Numbers are given one by one per aggregate, so no
+///   pending row can lie between; anything else (an unknown start, a gap,
+///   a number given twice, rows of both kinds) is looked up.
+///
+/// A writer that waited for an aggregate's sequence row can insert its
+/// later event with a lower `seq` than the event it waited for: the
+/// numbers in the head then have a gap or do not start where expected,
+/// and the aggregate is looked up.
+pub(crate) fn plan(head: &[HeadRow], in_flight: &InFlight, settled: &Settled) -> Plan {
+    let ends: HashMap<&AggregateKey, RunEnd> = in_flight
+        .runs
+        .iter()
+        .map(|(key, end)| (key, *end))
+        .collect();
+    let mut groups: Vec<(AggregateKey, Vec<&HeadRow>)> = Vec::new();
+    let mut index: HashMap<AggregateKey, usize> = HashMap::new();
+    for row in head {
+        let key = row.key();
+        match index.get(&key) {
+            Some(&at) => groups[at].1.push(row),
+            None => {
+                index.insert(key.clone(), groups.len());
+                groups.push((key, vec![row]));
+            }
+        }
+    }
+    let mut plan = Plan::default();
+    for (key, rows) in groups {
+        let end = ends.get(&key).copied();
+        plan.first_seq.insert(
+            key.clone(),
+            rows.iter().map(|row| row.seq).min().unwrap_or(0),
+        );
+        let earliest = if rows.iter().all(|row| row.aggregate_seq.is_none()) {
+            end.is_none_or(|end| end.aggregate_seq == 0)
+        } else if let Some(mut numbers) = rows
+            .iter()
+            .map(|row| row.aggregate_seq)
+            .collect::<Option<Vec<i64>>>()
+        {
+            numbers.sort_unstable();
+            let start = match end {
+                Some(end) if end.aggregate_seq > 0 => Some(end.aggregate_seq),
+                _ => settled
+                    .last(&key)
+                    .or((numbers.first() == Some(&1)).then_some(0)),
+            };
+            start.is_some_and(|start| {
+                numbers
+                    .iter()
+                    .enumerate()
+                    .all(|(offset, &number)| Some(number) == start.checked_add(offset as i64 + 1))
+            })
+        } else {
+            false
+        };
+        if earliest {
+            plan.rows.extend(rows.iter().map(|row| row.seq));
+        } else {
+            plan.lookups.push(Lookup {
+                key,
+                n: rows.len() as i64,
+                after: end.unwrap_or(RunEnd {
+                    aggregate_seq: 0,
+                    seq: 0,
+                }),
+            });
+        }
+    }
+    plan
+}
+
+/// Puts claimed `records` in claim order: aggregate by aggregate in the
+/// order of their oldest head rows, each plain-SQL rows first, then by
+/// `aggregate_seq`, ties by `seq`.
+pub(crate) fn claim_order(plan: &Plan, records: &mut [OutboxRecord]) {
+    records.sort_by_cached_key(|record| {
+        (
+            plan.first_seq
+                .get(&AggregateKey::of(record))
+                .copied()
+                .unwrap_or(i64::MAX),
+            record.aggregate_type.clone(),
+            record.aggregate_id.clone(),
+            record.aggregate_seq,
+            record.seq,
+        )
+    });
+}
+
+/// Aggregates per generation of [`Settled`]: two generations of about
+/// 40 bytes an entry stay within a few megabytes.
+const SETTLED_PER_GENERATION: usize = 50_000;
+
+/// The last numbered row this relay settled (published or parked) of each
+/// aggregate it worked on recently: where the aggregate's pending rows
+/// start, so a claim need not look them up.
+///
+/// Two generations: when the current one is full it becomes the previous
+/// one, and the one before is forgotten; a forgotten aggregate is looked
+/// up once. Keys are 128-bit hashes of the aggregate.
+#[derive(Debug, Default)]
+pub(crate) struct Settled {
+    generations: std::sync::Mutex<[HashMap<u128, i64>; 2]>,
+}
+
+impl Settled {
+    fn hash(key: &AggregateKey) -> u128 {
+        use std::hash::{Hash, Hasher};
+        let half = |salt: u8| {
+            let mut hasher = std::hash::DefaultHasher::new();
+            salt.hash(&mut hasher);
+            key.hash(&mut hasher);
+            hasher.finish()
+        };
+        (u128::from(half(0)) << 64) | u128::from(half(1))
+    }
+
+    /// The `aggregate_seq` of the last row of `key` this relay settled.
+    pub fn last(&self, key: &AggregateKey) -> Option<i64> {
+        let hash = Self::hash(key);
+        let generations = self.generations.lock().unwrap_or_else(|e| e.into_inner());
+        generations[0]
+            .get(&hash)
+            .or_else(|| generations[1].get(&hash))
+            .copied()
+    }
+
+    /// Records what a committed settle of `records` (in claim order) left
+    /// behind: for each aggregate, its last numbered row up to its first
+    /// row left pending (`pending`).
+    pub fn record(&self, records: &[OutboxRecord], pending: impl Fn(&OutboxRecord) -> bool) {
+        // Per aggregate: its last settled number, and whether a row of it
+        // stays pending (nothing after that row counts).
+        let mut last: HashMap<u128, (i64, bool)> = HashMap::new();
+        for record in records {
+            let hash = Self::hash(&AggregateKey::of(record));
+            let (number, stopped) = last.entry(hash).or_insert((0, false));
+            if *stopped {
+                continue;
+            }
+            if pending(record) {
+                *stopped = true;
+            } else if let Some(settled) = record.aggregate_seq {
+                *number = settled;
+            }
+        }
+        let mut generations = self.generations.lock().unwrap_or_else(|e| e.into_inner());
+        for (hash, (number, _)) in last {
+            if number == 0 {
+                continue;
+            }
+            if generations[0].len() >= SETTLED_PER_GENERATION {
+                let current = std::mem::take(&mut generations[0]);
+                generations[1] = current;
+            }
+            generations[0].insert(hash, number);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,5 +450,176 @@ mod tests {
         assert_eq!(sql.matches("UNION ALL").count(), 1);
         assert_eq!(sql.matches('?').count(), 6);
         assert!(sql.contains("AS run0 UNION ALL SELECT"), "{sql}");
+    }
+
+    fn head(rows: &[(&str, Option<i64>, i64)]) -> Vec<HeadRow> {
+        rows.iter()
+            .map(|&(aggregate, aggregate_seq, seq)| HeadRow {
+                aggregatetype: "Order".into(),
+                aggregateid: aggregate.into(),
+                aggregate_seq,
+                seq,
+            })
+            .collect()
+    }
+
+    fn key(aggregate: &str) -> AggregateKey {
+        AggregateKey {
+            aggregate_type: "Order".into(),
+            aggregate_id: aggregate.into(),
+        }
+    }
+
+    fn record(aggregate: &str, id: &str, aggregate_seq: Option<i64>) -> OutboxRecord {
+        OutboxRecord {
+            aggregate_seq,
+            ..row(aggregate, id, 0).record
+        }
+    }
+
+    fn looked_up(plan: &Plan) -> Vec<(String, i64, RunEnd)> {
+        plan.lookups
+            .iter()
+            .map(|lookup| (lookup.key.aggregate_id.clone(), lookup.n, lookup.after))
+            .collect()
+    }
+
+    const START: RunEnd = RunEnd {
+        aggregate_seq: 0,
+        seq: 0,
+    };
+
+    #[test]
+    fn an_aggregates_first_events_are_taken_as_they_are() {
+        let plan = plan(
+            &head(&[("a", Some(1), 10), ("b", None, 11), ("a", Some(2), 12)]),
+            &InFlight::default(),
+            &Settled::default(),
+        );
+        assert_eq!(plan.rows, [10, 12, 11]);
+        assert!(plan.lookups.is_empty());
+        assert_eq!(plan.first_seq[&key("a")], 10);
+        assert_eq!(plan.first_seq[&key("b")], 11);
+    }
+
+    #[test]
+    fn an_unknown_start_a_gap_or_a_repeated_number_is_looked_up() {
+        let plan = plan(
+            &head(&[
+                ("unknown", Some(5), 1),
+                ("gap", Some(1), 2),
+                ("gap", Some(3), 3),
+                ("twice", Some(1), 4),
+                ("twice", Some(1), 5),
+                ("mixed", None, 6),
+                ("mixed", Some(1), 7),
+            ]),
+            &InFlight::default(),
+            &Settled::default(),
+        );
+        assert!(plan.rows.is_empty(), "{plan:?}");
+        assert_eq!(
+            looked_up(&plan),
+            [
+                ("unknown".to_owned(), 1, START),
+                ("gap".to_owned(), 2, START),
+                ("twice".to_owned(), 2, START),
+                ("mixed".to_owned(), 2, START),
+            ]
+        );
+    }
+
+    #[test]
+    fn numbers_continue_where_this_relay_settled_the_aggregate() {
+        let settled = Settled::default();
+        settled.record(
+            &[
+                record("a", "a4", Some(4)),
+                record("a", "a5", Some(5)),
+                record("b", "b1", Some(1)),
+                record("b", "b2", Some(2)),
+            ],
+            // b2 failed and stays pending: b continues after b1.
+            |record| record.id == "b2",
+        );
+        assert_eq!(settled.last(&key("a")), Some(5));
+        assert_eq!(settled.last(&key("b")), Some(1));
+        let plan = plan(
+            &head(&[("a", Some(7), 20), ("a", Some(6), 21), ("b", Some(2), 22)]),
+            &InFlight::default(),
+            &settled,
+        );
+        assert_eq!(plan.rows, [20, 21, 22]);
+        // 7 is not among the oldest rows (a writer that waited for 7's
+        // writer inserted 8 first): looked up.
+        let plan = super::plan(
+            &head(&[("a", Some(8), 20), ("a", Some(6), 21)]),
+            &InFlight::default(),
+            &settled,
+        );
+        assert_eq!(looked_up(&plan), [("a".to_owned(), 2, START)]);
+    }
+
+    #[test]
+    fn a_claim_ahead_continues_after_the_rows_in_flight() {
+        let in_flight = InFlight::of(&[
+            OutboxRecord {
+                seq: 3,
+                ..record("a", "a1", Some(1))
+            },
+            OutboxRecord {
+                seq: 4,
+                ..record("a", "a2", Some(2))
+            },
+            OutboxRecord {
+                seq: 5,
+                ..record("p", "p1", None)
+            },
+        ]);
+        let plan = plan(
+            &head(&[("a", Some(3), 8), ("p", None, 9), ("a", Some(5), 10)]),
+            &in_flight,
+            &Settled::default(),
+        );
+        assert_eq!(plan.rows, [9]);
+        assert_eq!(
+            looked_up(&plan),
+            [(
+                "a".to_owned(),
+                2,
+                RunEnd {
+                    aggregate_seq: 2,
+                    seq: 4
+                }
+            )]
+        );
+        // Rows written by plain SQL after numbered rows in flight: looked up.
+        let plan = super::plan(&head(&[("a", None, 8)]), &in_flight, &Settled::default());
+        assert_eq!(plan.lookups.len(), 1);
+    }
+
+    #[test]
+    fn the_batch_goes_out_by_aggregate_each_in_sequence_order() {
+        let plan = plan(
+            &head(&[("b", Some(1), 1), ("a", Some(2), 2), ("a", Some(1), 3)]),
+            &InFlight::default(),
+            &Settled::default(),
+        );
+        let mut records = vec![
+            OutboxRecord {
+                seq: 2,
+                ..record("a", "a2", Some(2))
+            },
+            OutboxRecord {
+                seq: 3,
+                ..record("a", "a1", Some(1))
+            },
+            OutboxRecord {
+                seq: 1,
+                ..record("b", "b1", Some(1))
+            },
+        ];
+        claim_order(&plan, &mut records);
+        assert_eq!(ids(records), ["b1", "a1", "a2"]);
     }
 }
