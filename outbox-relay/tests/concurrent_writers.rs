@@ -233,7 +233,10 @@ impl Relays {
     fn start(case: &Case, t: &TestDb, brokers: &str, template: &str) -> Self {
         let processes = (0..case.relays)
             .map(|n| {
-                let instance = format!("relay-{n}");
+                // Unique to this test: a takeover ends the previous owner's
+                // sessions by instance id on the whole database, where
+                // other tests' relays run too.
+                let instance = format!("relay-{n}@{}", &t.name()[t.name().len() - 12..]);
                 let mut args = vec!["run", "--topic-template", template];
                 match case.mode {
                     Mode::Poll => args.extend([
@@ -330,8 +333,8 @@ async fn wait_ready(case: &Case, t: &TestDb, relays: &Relays) {
 }
 
 /// The relay to kill: the owner of aggregate `agg-0`'s shard on
-/// PostgreSQL (so the kill hits a relay with work), else `relay-0`.
-async fn victim(t: &TestDb) -> String {
+/// PostgreSQL (so the kill hits a relay with work), else the first relay.
+async fn victim(t: &TestDb, relays: &Relays) -> String {
     let owner = query_strings(
         t,
         &format!(
@@ -340,7 +343,10 @@ async fn victim(t: &TestDb) -> String {
         ),
     )
     .await;
-    owner.into_iter().next().unwrap_or_else(|| "relay-0".into())
+    owner
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| relays.processes[0].0.clone())
 }
 
 /// CDC: drops the test's slot and publication once no relay reads it.
@@ -407,7 +413,7 @@ async fn run(case: Case) {
         {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let instance = victim(&t).await;
+        let instance = victim(&t, &relays).await;
         relays.kill(&instance);
         killed = Some(instance);
     }
@@ -421,7 +427,10 @@ async fn run(case: Case) {
     let wrote = writing.elapsed();
 
     let ids: HashSet<String> = committed.iter().map(|event| event.id.clone()).collect();
-    let patience = Duration::from_secs(30) + Duration::from_millis(ids.len() as u64 * 2);
+    // Batches of a few rows take a claim cycle (tens of milliseconds on a
+    // busy machine) per few events.
+    let per_event = if case.batch_size.is_some() { 25 } else { 2 };
+    let patience = Duration::from_secs(30) + Duration::from_millis(ids.len() as u64 * per_event);
     let all_arrived = reader.wait_for(&ids, patience).await;
     let drained = writing.elapsed();
     let delivered = reader.stop(Duration::from_millis(500)).await;

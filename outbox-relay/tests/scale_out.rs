@@ -23,12 +23,31 @@ struct Cluster {
     extra: Vec<String>,
 }
 
+/// The instance id a relay of this test runs as: the name the test gives
+/// it, made unique to this test process. An instance taking over shards
+/// ends the sessions of their previous owner by instance id on the whole
+/// database, so tests running at once on one database must not share ids.
+fn instance_id(name: &str) -> String {
+    static RUN: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| uuid::Uuid::now_v7().simple().to_string()[24..].to_owned());
+    format!("{name}@{}", *RUN)
+}
+
+/// The name a test gave the relay running as `instance`.
+fn name_of(instance: String) -> String {
+    match instance.split_once('@') {
+        Some((name, _)) => name.to_owned(),
+        None => instance,
+    }
+}
+
 impl Cluster {
     fn start(&self, instance: &str) -> RelayProcess {
+        let instance = instance_id(instance);
         let mut args = vec![
             "run",
             "--instance-id",
-            instance,
+            &instance,
             "--poll-interval",
             "100ms",
             "--topic-template",
@@ -87,7 +106,7 @@ async fn owners(t: &TestDb) -> Vec<(String, i64)> {
     rows.iter()
         .map(|row| {
             (
-                row.try_get_by_index(0).unwrap(),
+                name_of(row.try_get_by_index(0).unwrap()),
                 row.try_get_by_index(1).unwrap(),
             )
         })
@@ -548,7 +567,10 @@ async fn owned_shards(t: &TestDb, owner: &str) -> Vec<i32> {
         &t.db,
         sea_orm::Statement::from_string(
             t.db_backend(),
-            format!("SELECT shard FROM outbox_relay_shard WHERE owner = '{owner}'"),
+            format!(
+                "SELECT shard FROM outbox_relay_shard WHERE owner = '{}'",
+                instance_id(owner)
+            ),
         ),
     )
     .await
