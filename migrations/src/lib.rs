@@ -278,3 +278,62 @@ impl MigratorTrait for Migrator {
         sea_orm_migration::sea_query::Alias::new("outbox_migrations").into_iden()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use outbox_contract::{table, wakeup};
+
+    const CREATE_OUTBOX: &str = include_str!("../sql/postgres/0001_create_outbox.up.sql");
+    const NOTIFY_WAITING_RELAYS: &str =
+        include_str!("../sql/postgres/0004_notify_waiting_relays.up.sql");
+
+    #[test]
+    fn the_trigger_notifies_the_contracts_channel() {
+        let notify = format!("pg_notify('{}', '')", wakeup::CHANNEL);
+        assert!(CREATE_OUTBOX.contains(&notify), "{notify}");
+    }
+
+    #[test]
+    fn the_trigger_tries_the_contracts_wakeup_slots() {
+        let try_slot = format!(
+            "pg_try_advisory_xact_lock({}, pg_backend_pid() % {})",
+            wakeup::LOCK_KEY,
+            wakeup::SLOTS
+        );
+        assert!(NOTIFY_WAITING_RELAYS.contains(&try_slot), "{try_slot}");
+    }
+
+    #[test]
+    fn every_contract_column_is_created() {
+        use table::column::*;
+        let create = format!("CREATE TABLE IF NOT EXISTS {} (", table::OUTBOX);
+        let start = CREATE_OUTBOX.find(&create).expect("the outbox table");
+        let body = &CREATE_OUTBOX[start..];
+        let body = &body[..body.find(");").expect("the table's end")];
+        for column in [
+            ID,
+            AGGREGATE_TYPE,
+            AGGREGATE_ID,
+            EVENT_TYPE,
+            PAYLOAD,
+            SEQ,
+            EVENT_VERSION,
+            AGGREGATE_SEQ,
+            TRACEPARENT,
+            CREATED_AT,
+            PUBLISHED_AT,
+            ATTEMPTS,
+            LAST_ERROR,
+            DEAD_LETTERED_AT,
+        ] {
+            assert!(
+                body.lines()
+                    .any(|line| line.trim_start().starts_with(&format!("{column} "))),
+                "column {column} missing from the outbox table"
+            );
+        }
+        assert!(
+            CREATE_OUTBOX.contains(&format!("CREATE TABLE IF NOT EXISTS {} (", table::SEQUENCE))
+        );
+    }
+}

@@ -35,9 +35,9 @@ use crate::outbox_event::PreparedEvent;
 use crate::{OutboxError, OutboxEvent};
 
 /// The outbox table, with Debezium's column names.
-pub const OUTBOX_TABLE: &str = "outbox";
+pub const OUTBOX_TABLE: &str = outbox_contract::table::OUTBOX;
 /// The table holding the last sequence number given to each aggregate.
-pub const SEQUENCE_TABLE: &str = "outbox_sequence";
+pub const SEQUENCE_TABLE: &str = outbox_contract::table::SEQUENCE;
 
 /// Rows per `INSERT`, well inside every backend's bind-parameter limit.
 const ROWS_PER_INSERT: usize = 500;

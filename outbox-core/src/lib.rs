@@ -28,7 +28,13 @@
 //! writing transaction; concurrent writers of one aggregate receive them in
 //! commit order.
 //!
-//! The tables (outbox and inbox) come from the `outbox-migrations` crate.
+//! The tables (outbox and inbox) come from the `outbox-migrations` crate;
+//! the names the writer, the relay and consumers agree on (table, columns,
+//! headers, topic template) are in [`contract`].
+
+/// The wire contract: table and column names, message headers, topic
+/// template and wake-up channel, shared with the relay.
+pub use outbox_contract as contract;
 
 mod active_model;
 mod append;

@@ -17,7 +17,6 @@ use crate::cli::{
     CleanupArgs, Cli, Command, GlobalArgs, RunArgs, RunMode, SinkKind, parse_duration,
     parse_key_value,
 };
-use crate::message::DEFAULT_TOPIC_TEMPLATE;
 use crate::redact;
 use crate::relay::{RelayOptions, Retention};
 use crate::sink::kafka::KafkaOptions;
@@ -521,7 +520,7 @@ impl RunSettings {
             topic_template: args
                 .topic_template
                 .or_else(|| file.topic_template.clone())
-                .unwrap_or_else(|| DEFAULT_TOPIC_TEMPLATE.to_owned()),
+                .unwrap_or_else(|| outbox_contract::topic::DEFAULT_TEMPLATE.to_owned()),
             source: SourceOptions {
                 delete_on_publish,
                 shards: shard_config,

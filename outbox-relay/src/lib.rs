@@ -7,7 +7,12 @@
 //! [`relay`] settles the claim, marking rows only after their
 //! acknowledgement. The `outbox-relay` binary wires these from its
 //! [`cli`] and [`config`]. In [`cdc`] mode, PostgreSQL's write-ahead log
-//! takes the place of the claims.
+//! takes the place of the claims. The names shared with writers and
+//! consumers (table, columns, headers, topic template, wake-up channel) are
+//! in [`contract`].
+
+/// The wire contract shared with `outbox-core` and consumers.
+pub use outbox_contract as contract;
 
 pub mod cdc;
 pub mod cli;

@@ -8,21 +8,12 @@
 //! - headers: `id`, `eventType`, `eventVersion`, and `aggregateSequence` and
 //!   `traceparent` when the row has them.
 
+use outbox_contract::{headers, topic};
+
 use crate::record::OutboxRecord;
 
-/// The default topic template, Debezium's `outbox.event.<aggregatetype>`.
-pub const DEFAULT_TOPIC_TEMPLATE: &str = "outbox.event.{aggregatetype}";
-
-/// Header carrying the event id.
-pub const HEADER_ID: &str = "id";
-/// Header carrying the event type.
-pub const HEADER_EVENT_TYPE: &str = "eventType";
-/// Header carrying the payload version.
-pub const HEADER_EVENT_VERSION: &str = "eventVersion";
-/// Header carrying the per-aggregate sequence number.
-pub const HEADER_AGGREGATE_SEQUENCE: &str = "aggregateSequence";
-/// Header carrying the W3C trace context.
-pub const HEADER_TRACEPARENT: &str = "traceparent";
+/// Header carrying the event id ([`headers::ID`]).
+pub use outbox_contract::headers::ID as HEADER_ID;
 
 /// A message ready for a sink.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,21 +44,21 @@ impl TopicTemplate {
 
     /// The topic of an aggregate type.
     pub fn topic(&self, aggregate_type: &str) -> String {
-        self.template.replace("{aggregatetype}", aggregate_type)
+        topic::for_aggregate(&self.template, aggregate_type)
     }
 
     /// The message for a claimed row.
     pub fn message(&self, record: &OutboxRecord) -> Message {
         let mut headers = vec![
-            (HEADER_ID, record.id.clone()),
-            (HEADER_EVENT_TYPE, record.event_type.clone()),
-            (HEADER_EVENT_VERSION, record.event_version.to_string()),
+            (headers::ID, record.id.clone()),
+            (headers::EVENT_TYPE, record.event_type.clone()),
+            (headers::EVENT_VERSION, record.event_version.to_string()),
         ];
         if let Some(sequence) = record.aggregate_seq {
-            headers.push((HEADER_AGGREGATE_SEQUENCE, sequence.to_string()));
+            headers.push((headers::AGGREGATE_SEQUENCE, sequence.to_string()));
         }
         if let Some(traceparent) = &record.traceparent {
-            headers.push((HEADER_TRACEPARENT, traceparent.clone()));
+            headers.push((headers::TRACEPARENT, traceparent.clone()));
         }
         Message {
             topic: self.topic(&record.aggregate_type),
@@ -80,7 +71,7 @@ impl TopicTemplate {
 
 impl Default for TopicTemplate {
     fn default() -> Self {
-        Self::new(DEFAULT_TOPIC_TEMPLATE)
+        Self::new(topic::DEFAULT_TEMPLATE)
     }
 }
 

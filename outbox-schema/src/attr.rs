@@ -185,14 +185,15 @@ impl<'a> RawEventAttrs<'a> {
 }
 
 /// A pointer to what a user writing `key` most likely wants.
-fn unknown_key_hint(key: &str) -> &'static str {
+fn unknown_key_hint(key: &str) -> String {
+    use outbox_contract::topic;
     match key {
-        "topic" => {
-            " (the Kafka topic follows from `aggregate`: `outbox.event.<aggregate>` by default, \
-             configured in the relay)"
-        }
-        "type" | "event_type" | "r#type" => " (`name` sets the event type)",
-        _ => "",
+        "topic" => format!(
+            " (the Kafka topic follows from `aggregate`: `{}` by default, configured in the relay)",
+            topic::for_aggregate(topic::DEFAULT_TEMPLATE, "<aggregate>")
+        ),
+        "type" | "event_type" | "r#type" => " (`name` sets the event type)".to_owned(),
+        _ => String::new(),
     }
 }
 

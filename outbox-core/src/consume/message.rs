@@ -13,21 +13,8 @@ use uuid::Uuid;
 
 use super::decode::DecodeError;
 
-/// The header names of the message contract (Debezium's Outbox Event Router
-/// names, plus this crate's version and sequence headers).
-pub mod headers {
-    /// The event id (a UUID): what consumers deduplicate by.
-    pub const ID: &str = "id";
-    /// The event type (`DomainEvent::EVENT_TYPE`).
-    pub const EVENT_TYPE: &str = "eventType";
-    /// The payload version (`DomainEvent::VERSION`), a decimal number.
-    pub const EVENT_VERSION: &str = "eventVersion";
-    /// The event's number within its aggregate: 1, 2, 3, ... in commit
-    /// order. Absent for rows written by plain SQL.
-    pub const AGGREGATE_SEQUENCE: &str = "aggregateSequence";
-    /// The W3C trace context, when the event was appended with one.
-    pub const TRACEPARENT: &str = "traceparent";
-}
+/// The header names of the message contract, from [`outbox_contract`].
+pub use outbox_contract::headers;
 
 /// A consumed message: topic, key, value and headers, borrowed from the
 /// Kafka client's message.

@@ -9,6 +9,8 @@
 //! Values arrive in their text form, the same text the polling relay reads
 //! with `payload::text`, so both modes publish byte-identical messages.
 
+use outbox_contract::table::column;
+
 use crate::record::OutboxRecord;
 
 /// A message the decoder could not read.
@@ -96,18 +98,18 @@ fn record(columns: &[String], values: Vec<Option<String>>) -> Result<OutboxRecor
             })
             .transpose()
     };
-    let event_version = number("event_version", take("event_version"))?.unwrap_or(1);
+    let event_version = number(column::EVENT_VERSION, take(column::EVENT_VERSION))?.unwrap_or(1);
     Ok(OutboxRecord {
-        id: required("id", take("id"))?,
-        aggregate_type: required("aggregatetype", take("aggregatetype"))?,
-        aggregate_id: required("aggregateid", take("aggregateid"))?,
-        event_type: required("type", take("type"))?,
-        payload: take("payload"),
+        id: required(column::ID, take(column::ID))?,
+        aggregate_type: required(column::AGGREGATE_TYPE, take(column::AGGREGATE_TYPE))?,
+        aggregate_id: required(column::AGGREGATE_ID, take(column::AGGREGATE_ID))?,
+        event_type: required(column::EVENT_TYPE, take(column::EVENT_TYPE))?,
+        payload: take(column::PAYLOAD),
         event_version: i32::try_from(event_version)
             .map_err(|_| DecodeError(format!("`event_version` {event_version} is too large")))?,
-        aggregate_seq: number("aggregate_seq", take("aggregate_seq"))?,
-        traceparent: take("traceparent"),
-        seq: number("seq", take("seq"))?.unwrap_or_default(),
+        aggregate_seq: number(column::AGGREGATE_SEQ, take(column::AGGREGATE_SEQ))?,
+        traceparent: take(column::TRACEPARENT),
+        seq: number(column::SEQ, take(column::SEQ))?.unwrap_or_default(),
         attempts: 0,
         age_at_claim: 0.0,
     })

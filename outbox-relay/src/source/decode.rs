@@ -15,6 +15,7 @@
 //! pending, as for a row the broker refused for good. `status` lists it and
 //! `retry` re-drives it once it has been fixed.
 
+use outbox_contract::table::column;
 use sqlx::{ColumnIndex, Decode, Row, Type, TypeInfo, ValueRef};
 
 use super::SourceError;
@@ -148,16 +149,16 @@ where
     for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
 {
     Ok(OutboxRecord {
-        id: required(row, "id")?,
-        aggregate_type: required(row, "aggregatetype")?,
-        aggregate_id: required(row, "aggregateid")?,
-        event_type: required(row, "type")?,
-        payload: optional(row, "payload")?,
-        event_version: required(row, "event_version")?,
-        aggregate_seq: optional(row, "aggregate_seq")?,
-        traceparent: optional(row, "traceparent")?,
-        seq: required(row, "seq")?,
-        attempts: required(row, "attempts")?,
+        id: required(row, column::ID)?,
+        aggregate_type: required(row, column::AGGREGATE_TYPE)?,
+        aggregate_id: required(row, column::AGGREGATE_ID)?,
+        event_type: required(row, column::EVENT_TYPE)?,
+        payload: optional(row, column::PAYLOAD)?,
+        event_version: required(row, column::EVENT_VERSION)?,
+        aggregate_seq: optional(row, column::AGGREGATE_SEQ)?,
+        traceparent: optional(row, column::TRACEPARENT)?,
+        seq: required(row, column::SEQ)?,
+        attempts: required(row, column::ATTEMPTS)?,
         // A measurement, not the row's content: a `created_at` the
         // database cannot subtract gives an unknown (zero) age.
         age_at_claim: optional(row, "age_at_claim")?.unwrap_or(0.0),

@@ -39,12 +39,11 @@ use super::{
 };
 use crate::record::OutboxRecord;
 
-/// The channel the migration's trigger notifies.
-const CHANNEL: &str = "outbox";
+use outbox_contract::wakeup::CHANNEL;
 
 /// The first key of the wake-up advisory locks (`outb` in ASCII), as the
 /// migration's trigger uses it.
-pub const WAKE_LOCK_KEY: i32 = 0x6F75_7462;
+pub use outbox_contract::wakeup::LOCK_KEY as WAKE_LOCK_KEY;
 
 /// How long a relay about to wait waits for the writers holding wake-up
 /// slots. A transaction that holds one longer (it wrote to the outbox and
@@ -54,7 +53,7 @@ const MAX_WAIT_FOR_WRITERS: Duration = Duration::from_millis(100);
 
 /// The number of wake-up slots; an inserting transaction tries the slot of
 /// its backend's process id modulo this.
-pub const WAKE_SLOTS: i32 = 64;
+pub use outbox_contract::wakeup::SLOTS as WAKE_SLOTS;
 
 /// The statement with which a waiting relay takes every wake-up slot
 /// (shared session locks; `pg_advisory_unlock_all()` releases them).

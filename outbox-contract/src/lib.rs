@@ -1,0 +1,145 @@
+//! The outbox's wire contract: the names other systems and the crates of
+//! this workspace agree on, defined once.
+//!
+//! - [`table`]: the outbox table and its columns (Debezium's Outbox Event
+//!   Router names for the first five), as the migrations create them;
+//! - [`headers`]: the headers of every published message;
+//! - [`topic`]: the default topic template;
+//! - [`wakeup`]: how a PostgreSQL writer wakes a waiting relay
+//!   (`LISTEN`/`NOTIFY` channel and advisory-lock slots).
+//!
+//! The writer (`outbox-core`'s append), the relay (`outbox-relay`), the
+//! consumer helpers (`outbox-core`'s `consume`) and the derive's diagnostics
+//! all read these constants; the migrations' SQL is checked against them.
+//!
+//! ```
+//! use outbox_contract::{headers, topic};
+//!
+//! assert_eq!(headers::EVENT_TYPE, "eventType");
+//! assert_eq!(topic::for_aggregate(topic::DEFAULT_TEMPLATE, "Order"), "outbox.event.Order");
+//! ```
+
+#![no_std]
+
+extern crate alloc;
+
+/// The outbox table and its columns.
+///
+/// `id`, `aggregatetype`, `aggregateid`, `type` and `payload` are Debezium's
+/// Outbox Event Router columns: a row inserted with only these is valid.
+/// Every other column has a default.
+pub mod table {
+    /// The outbox table.
+    pub const OUTBOX: &str = "outbox";
+    /// The last sequence number given to each aggregate.
+    pub const SEQUENCE: &str = "outbox_sequence";
+
+    /// The outbox table's columns.
+    pub mod column {
+        /// The event id, a UUID (Debezium `id`).
+        pub const ID: &str = "id";
+        /// The aggregate type, which names the topic (Debezium `aggregatetype`).
+        pub const AGGREGATE_TYPE: &str = "aggregatetype";
+        /// The aggregate id, the message key (Debezium `aggregateid`).
+        pub const AGGREGATE_ID: &str = "aggregateid";
+        /// The event type (Debezium `type`).
+        pub const EVENT_TYPE: &str = "type";
+        /// The payload JSON (Debezium `payload`).
+        pub const PAYLOAD: &str = "payload";
+        /// The insertion sequence.
+        pub const SEQ: &str = "seq";
+        /// The payload version, 1 by default.
+        pub const EVENT_VERSION: &str = "event_version";
+        /// The event's number within its aggregate; NULL for rows written by
+        /// plain SQL.
+        pub const AGGREGATE_SEQ: &str = "aggregate_seq";
+        /// The W3C trace context, when the event was appended with one.
+        pub const TRACEPARENT: &str = "traceparent";
+        /// When the row was inserted.
+        pub const CREATED_AT: &str = "created_at";
+        /// When the broker acknowledged it; NULL while pending.
+        pub const PUBLISHED_AT: &str = "published_at";
+        /// How many sends failed.
+        pub const ATTEMPTS: &str = "attempts";
+        /// The last send's error.
+        pub const LAST_ERROR: &str = "last_error";
+        /// When the row was parked as dead-lettered.
+        pub const DEAD_LETTERED_AT: &str = "dead_lettered_at";
+    }
+}
+
+/// The header names of every published message: Debezium's Outbox Event
+/// Router names, plus this crate's version and sequence headers.
+pub mod headers {
+    /// The event id (a UUID): what consumers deduplicate by.
+    pub const ID: &str = "id";
+    /// The event type (`DomainEvent::EVENT_TYPE`).
+    pub const EVENT_TYPE: &str = "eventType";
+    /// The payload version (`DomainEvent::VERSION`), a decimal number.
+    pub const EVENT_VERSION: &str = "eventVersion";
+    /// The event's number within its aggregate: 1, 2, 3, ... in commit
+    /// order. Absent for rows written by plain SQL.
+    pub const AGGREGATE_SEQUENCE: &str = "aggregateSequence";
+    /// The W3C trace context, when the event was appended with one.
+    pub const TRACEPARENT: &str = "traceparent";
+    /// The aggregate type, on brokers without a message key (RabbitMQ, NATS).
+    pub const AGGREGATE_TYPE: &str = "aggregateType";
+    /// The aggregate id, on brokers without a message key (RabbitMQ, NATS).
+    pub const AGGREGATE_ID: &str = "aggregateId";
+}
+
+/// Where a row is published.
+pub mod topic {
+    use alloc::string::String;
+
+    /// What stands for the row's aggregate type in a topic template.
+    pub const AGGREGATE_TYPE_PLACEHOLDER: &str = "{aggregatetype}";
+    /// The default topic template, Debezium's `outbox.event.<aggregatetype>`.
+    pub const DEFAULT_TEMPLATE: &str = "outbox.event.{aggregatetype}";
+
+    /// The topic of `aggregate_type` under `template`.
+    ///
+    /// ```
+    /// assert_eq!(
+    ///     outbox_contract::topic::for_aggregate("events.{aggregatetype}.v1", "Order"),
+    ///     "events.Order.v1"
+    /// );
+    /// ```
+    pub fn for_aggregate(template: &str, aggregate_type: &str) -> String {
+        template.replace(AGGREGATE_TYPE_PLACEHOLDER, aggregate_type)
+    }
+}
+
+/// How a writer on PostgreSQL wakes a relay waiting for new rows.
+///
+/// A waiting relay `LISTEN`s on [`CHANNEL`](wakeup::CHANNEL) and holds shared
+/// advisory locks `(LOCK_KEY, 0) .. (LOCK_KEY, SLOTS - 1)`; the outbox's
+/// insert trigger tries the exclusive lock of one slot and notifies the
+/// channel only when that fails.
+pub mod wakeup {
+    /// The channel the outbox's insert trigger notifies.
+    pub const CHANNEL: &str = "outbox";
+    /// The first key of the wake-up advisory locks (`outb` in ASCII).
+    pub const LOCK_KEY: i32 = 0x6F75_7462;
+    /// The number of wake-up slots; an inserting transaction tries the slot
+    /// of its backend's process id modulo this.
+    pub const SLOTS: i32 = 64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_topic_is_debeziums() {
+        assert_eq!(
+            topic::for_aggregate(topic::DEFAULT_TEMPLATE, "Order"),
+            "outbox.event.Order"
+        );
+    }
+
+    #[test]
+    fn the_lock_key_spells_outb() {
+        assert_eq!(&wakeup::LOCK_KEY.to_be_bytes(), b"outb");
+    }
+}
