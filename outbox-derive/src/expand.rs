@@ -6,22 +6,7 @@ use outbox_schema::model::Event;
 use outbox_schema::ty;
 use proc_macro2::TokenStream;
 use quote::quote;
-use syn::visit_mut::VisitMut;
-use syn::{DeriveInput, Type};
-
-/// `ty` with every lifetime replaced by `'static`, so it can be named in a
-/// constant outside the struct's generics.
-pub fn with_static_lifetimes(ty: &Type) -> Type {
-    struct Static;
-    impl VisitMut for Static {
-        fn visit_lifetime_mut(&mut self, lifetime: &mut syn::Lifetime) {
-            lifetime.ident = syn::Ident::new("static", lifetime.ident.span());
-        }
-    }
-    let mut ty = ty.clone();
-    Static.visit_type_mut(&mut ty);
-    ty
-}
+use syn::DeriveInput;
 
 /// The `impl outbox_core::DomainEvent` for `input` and its lock checks
 /// (which may be compile errors), or every error in the input.

@@ -38,7 +38,7 @@ pub fn derive_event_payload(input: &DeriveInput) -> Result<TokenStream, Vec<syn:
             // depend on itself; the recorded shape leaves it out too.
             .filter(|inner| ty::payload_name(inner) != name)
             .map(|inner| {
-                let inner = crate::expand::with_static_lifetimes(inner);
+                let inner = shape_tokens::with_static_lifetimes(inner);
                 quote_spanned!(inner.span()=> <#inner as ::outbox_core::EventPayload>::SHAPE)
             })
             .collect()

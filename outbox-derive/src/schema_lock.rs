@@ -24,8 +24,7 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 
-use crate::expand::with_static_lifetimes;
-use crate::shape_tokens;
+use crate::shape_tokens::{self, with_static_lifetimes};
 
 /// The tokens that check `event` against the lock.
 pub fn check_event(event: &Event<'_>) -> TokenStream {

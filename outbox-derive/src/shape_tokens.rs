@@ -8,6 +8,22 @@ use outbox_schema::shape::Kind;
 use outbox_schema::ty;
 use proc_macro2::TokenStream;
 use quote::quote;
+use syn::Type;
+use syn::visit_mut::VisitMut;
+
+/// `ty` with every lifetime replaced by `'static`, so it can be named in a
+/// constant outside the struct's generics.
+pub fn with_static_lifetimes(ty: &Type) -> Type {
+    struct Static;
+    impl VisitMut for Static {
+        fn visit_lifetime_mut(&mut self, lifetime: &mut syn::Lifetime) {
+            lifetime.ident = syn::Ident::new("static", lifetime.ident.span());
+        }
+    }
+    let mut ty = ty.clone();
+    Static.visit_type_mut(&mut ty);
+    ty
+}
 
 /// `outbox_core::shape::Kind::..`.
 pub fn kind(kind: Kind) -> TokenStream {

@@ -46,7 +46,11 @@ pub async fn monitor(
     loop {
         let database = match source.backlog().await {
             Ok(backlog) => {
-                metrics::record_backlog(&backlog);
+                metrics::record_backlog(
+                    backlog.pending,
+                    backlog.oldest_pending_age_seconds,
+                    backlog.dead_letters,
+                );
                 true
             }
             Err(error) => {

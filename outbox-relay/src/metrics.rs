@@ -1,6 +1,10 @@
 //! The relay's Prometheus metrics: their names, descriptions and buckets,
 //! and the functions that record them. Recording is a no-op unless
 //! `--metrics-addr` installed the exporter.
+//!
+//! The pipeline (sources, the relay loop, CDC) reports here; this module
+//! knows only the claimed rows and plain numbers, never the pipeline's own
+//! types, so dependencies point one way.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -9,7 +13,6 @@ use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gau
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::record::OutboxRecord;
-use crate::source::{Backlog, Settlement};
 
 /// Rows waiting to be published (all shards).
 pub const PENDING: &str = "outbox_pending_rows";
@@ -100,14 +103,17 @@ enum RowOutcome {
 }
 
 impl BatchObservation {
-    /// Notes each row's aggregate type, age and fate.
-    pub fn new(records: &[OutboxRecord], settlement: &Settlement, claimed_at: Instant) -> Self {
-        let published: HashSet<&str> = settlement.published.iter().map(String::as_str).collect();
-        let failed: HashMap<&str, bool> = settlement
-            .failed
-            .iter()
-            .map(|row| (row.id.as_str(), row.dead_letter))
-            .collect();
+    /// Notes each row's aggregate type, age and fate: acknowledged if its
+    /// id is in `published`, failed if in `failed` (with whether it was
+    /// dead-lettered), untouched otherwise.
+    pub fn new<'a>(
+        records: &[OutboxRecord],
+        published: impl IntoIterator<Item = &'a str>,
+        failed: impl IntoIterator<Item = (&'a str, bool)>,
+        claimed_at: Instant,
+    ) -> Self {
+        let published: HashSet<&str> = published.into_iter().collect();
+        let failed: HashMap<&str, bool> = failed.into_iter().collect();
         let rows = records
             .iter()
             .map(|record| {
@@ -163,11 +169,12 @@ impl BatchObservation {
     }
 }
 
-/// Records the backlog sampled from the database.
-pub fn record_backlog(backlog: &Backlog) {
-    gauge!(PENDING).set(backlog.pending as f64);
-    gauge!(OLDEST_PENDING_AGE).set(backlog.oldest_pending_age_seconds.unwrap_or(0.0));
-    gauge!(DEAD_LETTERS).set(backlog.dead_letters as f64);
+/// Records the backlog sampled from the database: pending rows, the age of
+/// the oldest one in seconds, and dead letters.
+pub fn record_backlog(pending: i64, oldest_pending_age_seconds: Option<f64>, dead_letters: i64) {
+    gauge!(PENDING).set(pending as f64);
+    gauge!(OLDEST_PENDING_AGE).set(oldest_pending_age_seconds.unwrap_or(0.0));
+    gauge!(DEAD_LETTERS).set(dead_letters as f64);
 }
 
 /// Records how many shards this relay owns.
@@ -181,10 +188,11 @@ pub fn record_connections(database_up: bool, broker_up: bool) {
     gauge!(BROKER_UP).set(f64::from(u8::from(broker_up)));
 }
 
-/// Records the replication slot's position (CDC mode).
-pub fn record_slot(status: &crate::cdc::slot::SlotStatus) {
-    gauge!(CDC_BEHIND).set(status.behind_bytes.unwrap_or(0) as f64);
-    gauge!(CDC_RETAINED_WAL).set(status.retained_wal_bytes.unwrap_or(0) as f64);
+/// Records the replication slot's position (CDC mode): WAL bytes written
+/// since its confirmed position, and WAL bytes the server keeps for it.
+pub fn record_slot(behind_bytes: Option<i64>, retained_wal_bytes: Option<i64>) {
+    gauge!(CDC_BEHIND).set(behind_bytes.unwrap_or(0) as f64);
+    gauge!(CDC_RETAINED_WAL).set(retained_wal_bytes.unwrap_or(0) as f64);
 }
 
 /// Records whether this relay reads the replication slot (CDC mode).

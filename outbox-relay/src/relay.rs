@@ -421,7 +421,7 @@ impl Relay {
             .lock()
             .expect("cooldown lock")
             .record(records, &settlement, Instant::now());
-        let observation = BatchObservation::new(records, &settlement, claimed_at);
+        let observation = settlement.observe(records, claimed_at);
         Sent::Answered(Answered {
             claim,
             settlement,

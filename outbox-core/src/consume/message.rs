@@ -11,7 +11,7 @@
 
 use uuid::Uuid;
 
-use super::decode::DecodeError;
+use super::error::DecodeError;
 
 /// The header names of the message contract, from [`outbox_contract`].
 pub use outbox_contract::headers;

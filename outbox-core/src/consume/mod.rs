@@ -4,7 +4,8 @@
 //! - [`IncomingMessage`] is a consumed message, whatever the client, and
 //!   [`EventMetadata`] what its headers and key say (module [`message`]);
 //! - [`EventDecoder`] decodes it by event type and version, with upcasts
-//!   (module [`decode`]);
+//!   (module [`decode`]); either step fails with a [`DecodeError`] (module
+//!   [`error`]);
 //! - [`Inbox`] deduplicates by event id and keeps a per-aggregate
 //!   high-water mark, in the consumer's own transaction (module [`inbox`]).
 //!
@@ -15,9 +16,11 @@
 //! only after the transaction that applied the event.
 
 pub mod decode;
+pub mod error;
 pub mod inbox;
 pub mod message;
 
-pub use decode::{DecodeError, Decoded, EventDecoder};
+pub use decode::{Decoded, EventDecoder};
+pub use error::DecodeError;
 pub use inbox::{Gap, GapPolicy, Inbox, Outcome};
 pub use message::{EventMetadata, IncomingMessage, headers};

@@ -42,7 +42,7 @@ use futures::future::BoxFuture;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
 
 use crate::message::{Message, TopicTemplate};
-use crate::metrics::{self, BatchObservation};
+use crate::metrics;
 use crate::record::OutboxRecord;
 use crate::relay::{Backoff, INITIAL_BACKOFF, RelayError, Retention, run_retention};
 use crate::shutdown::Shutdown;
@@ -693,7 +693,7 @@ impl CdcRelay {
                         published: records.iter().map(|r| r.id.clone()).collect(),
                         failed: Vec::new(),
                     };
-                    BatchObservation::new(&records, &settlement, sent_at).record();
+                    settlement.observe(&records, sent_at).record();
                     return Ok(Delivered {
                         ids: settlement.published,
                         end_lsn,
@@ -780,7 +780,9 @@ async fn sample_slot(
 ) {
     loop {
         match slot::slot_status(source.pool(), &slot_name).await {
-            Ok(Some(status)) => metrics::record_slot(&status),
+            Ok(Some(status)) => {
+                metrics::record_slot(status.behind_bytes, status.retained_wal_bytes)
+            }
             Ok(None) => {}
             Err(error) => {
                 tracing::warn!(error = %format!("{error:#}"), "cannot sample the replication slot")

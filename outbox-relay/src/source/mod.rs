@@ -15,10 +15,11 @@ mod runs;
 pub mod shards;
 pub mod sqlite;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use crate::metrics::BatchObservation;
 use crate::record::OutboxRecord;
 use crate::redact::redact_url;
 pub(crate) use runs::RunRow;
@@ -212,6 +213,18 @@ impl Settlement {
     /// Nothing to write.
     pub fn is_empty(&self) -> bool {
         self.published.is_empty() && self.failed.is_empty()
+    }
+
+    /// The settled rows for a [`BatchObservation`](crate::metrics::BatchObservation).
+    pub fn observe(&self, records: &[OutboxRecord], claimed_at: Instant) -> BatchObservation {
+        BatchObservation::new(
+            records,
+            self.published.iter().map(String::as_str),
+            self.failed
+                .iter()
+                .map(|row| (row.id.as_str(), row.dead_letter)),
+            claimed_at,
+        )
     }
 }
 
