@@ -9,8 +9,9 @@ use sea_orm::{
     PrimaryKeyToColumn, QueryTrait, Value,
 };
 
-use crate::append::{ensure_transaction, prepare, save_and_append_statement, write};
+use crate::append::{prepare, save_and_append_statement, write};
 use crate::outbox_event::PreparedEvent;
+use crate::transaction::ensure_transaction;
 use crate::{OutboxError, OutboxEvent};
 
 type ModelOf<A> = <<A as ActiveModelTrait>::Entity as EntityTrait>::Model;

@@ -28,10 +28,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, Statement, Value};
+use sea_orm::{ConnectionTrait, DbBackend, Statement, Value};
 use uuid::Uuid;
 
 use crate::outbox_event::PreparedEvent;
+use crate::transaction::ensure_transaction;
 use crate::{OutboxError, OutboxEvent};
 
 /// The outbox table, with Debezium's column names.
@@ -142,17 +143,6 @@ where
         .await?;
     }
     Ok(appended)
-}
-
-/// Refuses a connection that is not a [`DatabaseTransaction`]: events written
-/// on an auto-committing connection could commit without the aggregate.
-pub(crate) fn ensure_transaction<C: ConnectionTrait>() -> Result<(), OutboxError> {
-    let connection = std::any::type_name::<C>();
-    if connection == std::any::type_name::<DatabaseTransaction>() {
-        Ok(())
-    } else {
-        Err(OutboxError::NotInTransaction { connection })
-    }
 }
 
 /// Serializes every payload and checks every option before any write.

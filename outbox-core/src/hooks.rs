@@ -9,6 +9,10 @@
 //! aggregate id; saving it on a connection that is not a transaction is
 //! refused before the row is written.
 //!
+//! SeaORM's hooks can only fail with a `DbErr`: a refusal arrives as a
+//! `DbErr::Custom` that [`OutboxErrorKind::of_db_err`](crate::OutboxErrorKind::of_db_err)
+//! recognises, for example as [`OutboxErrorKind::NotInTransaction`](crate::OutboxErrorKind::NotInTransaction).
+//!
 //! SeaORM runs these hooks only for `ActiveModel::insert`, `update` and
 //! `save` (and this crate's `*_with_events`). Bulk statements such as
 //! `Entity::insert_many`, `Entity::update_many` or raw SQL bypass them and
@@ -17,7 +21,8 @@
 use sea_orm::{ConnectionTrait, ModelTrait};
 
 use crate::active_model::default_aggregate_id;
-use crate::append::{ensure_transaction, prepare, write};
+use crate::append::{prepare, write};
+use crate::transaction::ensure_transaction;
 use crate::{OutboxError, OutboxEvent};
 
 /// What happened to the saved row.

@@ -43,6 +43,7 @@ mod error;
 mod event;
 pub mod hooks;
 mod outbox_event;
+mod transaction;
 
 pub use active_model::ActiveModelOutboxExt;
 pub use append::{AppendedEvent, OUTBOX_TABLE, SEQUENCE_TABLE, append, append_transient};
@@ -51,7 +52,7 @@ pub use consume::{
     DecodeError, Decoded, EventDecoder, EventMetadata, Gap, GapPolicy, Inbox, IncomingMessage,
     Outcome, headers,
 };
-pub use error::OutboxError;
+pub use error::{OutboxError, OutboxErrorKind};
 pub use event::{DomainEvent, EventPayload, EventSchema, FieldSchema};
 pub use hooks::{Change, EmitEvents};
 pub use outbox_event::OutboxEvent;

@@ -135,6 +135,7 @@ async fn relay_from(
             CdcRelay::new(settings.database_url, postgres, sink, topics, options)
                 .run(shutdown)
                 .await
+                .map_err(anyhow::Error::from)
         }
     }
 }

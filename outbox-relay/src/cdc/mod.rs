@@ -30,14 +30,16 @@
 //! sends nothing more; what was handed over before the pause may still go
 //! out.
 
+mod error;
 pub mod pgoutput;
 pub mod slot;
+
+pub use error::{CdcError, OBJECT_IN_USE, sqlstate};
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
 use futures::future::BoxFuture;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
 
@@ -130,9 +132,9 @@ enum SessionEnd {
     /// The sink can take no more messages.
     SinkClosed(String),
     /// The session could not start.
-    NotStarted(anyhow::Error),
+    NotStarted(CdcError),
     /// The session broke after it started.
-    Broken(anyhow::Error),
+    Broken(CdcError),
 }
 
 /// A committed transaction with inserts into the outbox table.
@@ -151,7 +153,7 @@ enum Undelivered {
     /// Another relay reads the slot now: nothing more is sent.
     SlotLost,
     /// Whether the slot is still this session's could not be found out.
-    Unconfirmed(anyhow::Error),
+    Unconfirmed(CdcError),
 }
 
 /// A replication session's hold on the slot, checked before each send.
@@ -180,8 +182,8 @@ impl Ownership {
                 return Ok(());
             }
         }
-        Err(Undelivered::Unconfirmed(anyhow::anyhow!(
-            "the database took more than {OWNERSHIP_FRESH:?} to say who holds the replication slot"
+        Err(Undelivered::Unconfirmed(CdcError::OwnershipUnconfirmed(
+            OWNERSHIP_FRESH,
         )))
     }
 
@@ -274,7 +276,7 @@ impl CdcRelay {
     /// relay reads the slot and reconnecting after errors. Fails at once
     /// when the server cannot do logical decoding, the slot or publication
     /// cannot be created, the first connection fails, or the sink closed.
-    pub async fn run(&self, shutdown: Shutdown) -> anyhow::Result<()> {
+    pub async fn run(&self, shutdown: Shutdown) -> Result<(), CdcError> {
         let pool = self.source.pool();
         slot::check_wal_level(pool).await?;
         slot::ensure_publication(pool, &self.options.publication).await?;
@@ -482,7 +484,7 @@ impl CdcRelay {
         }
         if let Err(error) = client.wait_started().await {
             // 55006: the slot is active for another process.
-            if error.to_string().contains("SQLSTATE 55006") {
+            if sqlstate(&error) == Some(OBJECT_IN_USE) {
                 return SessionEnd::SlotInUse;
             }
             return SessionEnd::NotStarted(replication_error(error));
@@ -511,7 +513,7 @@ impl CdcRelay {
         outbox_oid: u32,
         ownership: &Ownership,
         shutdown: &Shutdown,
-    ) -> anyhow::Result<SessionEnd> {
+    ) -> Result<SessionEnd, CdcError> {
         let mut decoder = pgoutput::Decoder::new(outbox_oid);
         let mut open: Option<Committed> = None;
         let mut ready: VecDeque<Committed> = VecDeque::new();
@@ -519,7 +521,7 @@ impl CdcRelay {
         // Acknowledged batches wait here to be marked and confirmed, one at
         // a time and in order, while the next batch is already being sent.
         let mut acknowledged: VecDeque<Delivered> = VecDeque::new();
-        let mut settling: Option<BoxFuture<'static, anyhow::Result<Lsn>>> = None;
+        let mut settling: Option<BoxFuture<'static, Result<Lsn, CdcError>>> = None;
         // A position past everything read, to confirm once nothing before
         // it is left unconfirmed.
         let mut idle_position: Option<Lsn> = None;
@@ -587,7 +589,7 @@ impl CdcRelay {
                     last_message = Instant::now();
                     let event = match event {
                         Ok(Some(event)) => event,
-                        Ok(None) => anyhow::bail!("the server ended the replication stream"),
+                        Ok(None) => return Err(CdcError::StreamEnded),
                         Err(error) => return Err(replication_error(error)),
                     };
                     let position = match event {
@@ -602,7 +604,7 @@ impl CdcRelay {
                         ReplicationEvent::XLogData { data, .. } => {
                             if let Some(record) = decoder.decode(&data)? {
                                 open.as_mut()
-                                    .context("an insert arrived outside a transaction")?
+                                    .ok_or(CdcError::InsertOutsideTransaction)?
                                     .records
                                     .push(record);
                             }
@@ -713,13 +715,13 @@ impl CdcRelay {
     }
 
     /// Marks the delivered rows; returns the position to confirm.
-    fn settle(&self, delivered: Delivered) -> BoxFuture<'static, anyhow::Result<Lsn>> {
+    fn settle(&self, delivered: Delivered) -> BoxFuture<'static, Result<Lsn, CdcError>> {
         let source = self.source.clone();
         Box::pin(async move {
             source
                 .mark_published(&delivered.ids)
                 .await
-                .context("cannot mark published rows")?;
+                .map_err(CdcError::Mark)?;
             tracing::debug!(published = delivered.ids.len(), confirmed = %delivered.end_lsn, "batch confirmed");
             Ok(delivered.end_lsn)
         })
@@ -746,7 +748,7 @@ fn take_batch(ready: &mut VecDeque<Committed>, batch_size: usize) -> Vec<Committ
 async fn session_pids(
     client: &mut ReplicationClient,
     slot: &str,
-) -> anyhow::Result<(i32, Option<i32>)> {
+) -> Result<(i32, Option<i32>), CdcError> {
     // `slot` passed slot::check_name: it needs no quoting.
     let rows = client
         .simple_query(&format!(
@@ -755,20 +757,24 @@ async fn session_pids(
         ))
         .await
         .map_err(replication_error)?;
-    let row = rows
-        .first()
-        .context("no answer about the replication slot")?;
-    let pid = |column: usize| -> anyhow::Result<Option<i32>> {
+    let row = rows.first().ok_or(CdcError::NoSlotAnswer("no row"))?;
+    let pid = |column: usize| -> Result<Option<i32>, CdcError> {
         row.get(column)
             .and_then(|value| value.as_deref())
-            .map(|text| Ok(std::str::from_utf8(text)?.parse::<i32>()?))
+            .map(|text| {
+                std::str::from_utf8(text)
+                    .ok()
+                    .and_then(|text| text.parse::<i32>().ok())
+                    .ok_or(CdcError::NoSlotAnswer("a process id that is not a number"))
+            })
             .transpose()
     };
-    Ok((pid(0)?.context("no server process id")?, pid(1)?))
+    let own = pid(0)?.ok_or(CdcError::NoSlotAnswer("no server process id"))?;
+    Ok((own, pid(1)?))
 }
 
-fn replication_error(error: pgwire_replication::PgWireError) -> anyhow::Error {
-    anyhow::anyhow!("replication connection: {error}")
+fn replication_error(error: pgwire_replication::PgWireError) -> CdcError {
+    CdcError::Replication(error)
 }
 
 /// Records the slot gauges every `interval`.

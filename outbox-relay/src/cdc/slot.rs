@@ -5,11 +5,11 @@
 
 use std::str::FromStr;
 
-use anyhow::{Context, bail};
 use pgwire_replication::{ReplicationConfig, TlsConfig};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
+use super::CdcError;
 use crate::redact::redact_url;
 
 /// The default name of the replication slot and of the publication.
@@ -21,59 +21,61 @@ pub const APPLICATION_NAME: &str = "outbox-relay";
 
 /// Checks that `name` can name a slot or a publication: 1 to 63 lowercase
 /// letters, digits and underscores (PostgreSQL's rule for slot names).
-pub fn check_name(option: &str, name: &str) -> anyhow::Result<()> {
+pub fn check_name(option: &str, name: &str) -> Result<(), CdcError> {
     let valid = !name.is_empty()
         && name.len() <= 63
         && name
             .bytes()
             .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_');
     if !valid {
-        bail!(
-            "{option} {name:?} is not a valid name: use 1 to 63 lowercase letters, digits and \
-             underscores"
-        );
+        return Err(CdcError::InvalidName {
+            option: option.to_owned(),
+            name: name.to_owned(),
+        });
     }
     Ok(())
 }
 
 /// The error for a server whose `wal_level` is not `logical`.
 pub fn wal_level_error(level: &str) -> String {
-    format!(
-        "PostgreSQL's wal_level is `{level}`, but CDC mode reads the write-ahead log through \
-         logical decoding, which needs `logical`: run `ALTER SYSTEM SET wal_level = logical` \
-         as a superuser and restart PostgreSQL (or use --mode poll)"
-    )
+    CdcError::WalLevel {
+        level: level.to_owned(),
+    }
+    .to_string()
 }
 
 /// Fails with [`wal_level_error`] unless the server decodes its WAL logically.
-pub async fn check_wal_level(pool: &PgPool) -> anyhow::Result<()> {
+pub async fn check_wal_level(pool: &PgPool) -> Result<(), CdcError> {
     let level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
         .fetch_one(pool)
         .await
-        .context("cannot read wal_level")?;
+        .map_err(CdcError::database("cannot read wal_level"))?;
     if level != "logical" {
-        bail!(wal_level_error(&level));
+        return Err(CdcError::WalLevel { level });
     }
     Ok(())
 }
 
 /// The `pg_class` oid of the outbox table the connection's search path finds.
-pub async fn outbox_oid(pool: &PgPool) -> anyhow::Result<u32> {
+pub async fn outbox_oid(pool: &PgPool) -> Result<u32, CdcError> {
     let oid: i64 = sqlx::query_scalar("SELECT 'outbox'::regclass::oid::int8")
         .fetch_one(pool)
         .await
-        .context("cannot find the outbox table")?;
-    u32::try_from(oid).context("the outbox table's oid is out of range")
+        .map_err(CdcError::database("cannot find the outbox table"))?;
+    u32::try_from(oid).map_err(|_| CdcError::OidOutOfRange { oid })
 }
 
 /// Creates the publication of the outbox table's inserts if it is missing;
 /// fails when a publication of that name exists without the table.
-pub async fn ensure_publication(pool: &PgPool, name: &str) -> anyhow::Result<()> {
+pub async fn ensure_publication(pool: &PgPool, name: &str) -> Result<(), CdcError> {
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
             .bind(name)
             .fetch_one(pool)
-            .await?;
+            .await
+            .map_err(CdcError::database(format!(
+                "cannot read publication {name}"
+            )))?;
     if !exists {
         // `name` passed check_name: it needs no quoting.
         let create =
@@ -83,7 +85,9 @@ pub async fn ensure_publication(pool: &PgPool, name: &str) -> anyhow::Result<()>
             // Another relay created it at the same time.
             Err(error) if has_state(&error, "42710") => {}
             Err(error) => {
-                return Err(error).with_context(|| format!("cannot create publication {name}"));
+                return Err(CdcError::database(format!(
+                    "cannot create publication {name}"
+                ))(error));
             }
         }
     }
@@ -94,19 +98,21 @@ pub async fn ensure_publication(pool: &PgPool, name: &str) -> anyhow::Result<()>
     )
     .bind(name)
     .fetch_one(pool)
-    .await?;
+    .await
+    .map_err(CdcError::database(format!(
+        "cannot read publication {name}"
+    )))?;
     if !covers_outbox {
-        bail!(
-            "the publication {name} exists but does not include this outbox table: add it with \
-             `ALTER PUBLICATION {name} ADD TABLE <schema>.outbox` or choose another --publication"
-        );
+        return Err(CdcError::PublicationWithoutOutbox {
+            name: name.to_owned(),
+        });
     }
     Ok(())
 }
 
 /// Creates the logical replication slot (plugin `pgoutput`) if it is missing.
 /// Rows committed before the slot existed are not in it.
-pub async fn ensure_slot(pool: &PgPool, name: &str) -> anyhow::Result<()> {
+pub async fn ensure_slot(pool: &PgPool, name: &str) -> Result<(), CdcError> {
     if slot_status(pool, name).await?.is_some() {
         return Ok(());
     }
@@ -120,7 +126,9 @@ pub async fn ensure_slot(pool: &PgPool, name: &str) -> anyhow::Result<()> {
             Ok(())
         }
         Err(error) if has_state(&error, "42710") => Ok(()),
-        Err(error) => Err(error).with_context(|| format!("cannot create replication slot {name}")),
+        Err(error) => Err(CdcError::database(format!(
+            "cannot create replication slot {name}"
+        ))(error)),
     }
 }
 
@@ -142,7 +150,7 @@ pub struct SlotStatus {
 }
 
 /// The state of the slot `name` in the connection's database, if it exists.
-pub async fn slot_status(pool: &PgPool, name: &str) -> anyhow::Result<Option<SlotStatus>> {
+pub async fn slot_status(pool: &PgPool, name: &str) -> Result<Option<SlotStatus>, CdcError> {
     let status = sqlx::query_as::<_, SlotStatus>(
         "SELECT slot_name::text AS slot, active, active_pid, \
          confirmed_flush_lsn::text AS confirmed_flush_lsn, \
@@ -153,30 +161,33 @@ pub async fn slot_status(pool: &PgPool, name: &str) -> anyhow::Result<Option<Slo
     .bind(name)
     .fetch_optional(pool)
     .await
-    .with_context(|| format!("cannot read replication slot {name}"))?;
+    .map_err(CdcError::database(format!(
+        "cannot read replication slot {name}"
+    )))?;
     Ok(status)
 }
 
 /// Drops the slot `name`, releasing the WAL it retains; returns whether it
 /// existed. A slot a relay is reading from is not dropped.
-pub async fn drop_slot(pool: &PgPool, name: &str) -> anyhow::Result<bool> {
+pub async fn drop_slot(pool: &PgPool, name: &str) -> Result<bool, CdcError> {
     match slot_status(pool, name).await? {
         None => Ok(false),
         Some(SlotStatus {
             active: true,
             active_pid,
             ..
-        }) => bail!(
-            "replication slot {name} is in use by a running relay (server process {}); \
-             stop that relay first",
-            active_pid.map_or_else(|| "?".to_owned(), |pid| pid.to_string())
-        ),
+        }) => Err(CdcError::SlotInUse {
+            name: name.to_owned(),
+            pid: active_pid,
+        }),
         Some(_) => {
             sqlx::query("SELECT pg_drop_replication_slot($1)")
                 .bind(name)
                 .execute(pool)
                 .await
-                .with_context(|| format!("cannot drop replication slot {name}"))?;
+                .map_err(CdcError::database(format!(
+                    "cannot drop replication slot {name}"
+                )))?;
             Ok(true)
         }
     }
@@ -205,7 +216,7 @@ pub struct SlotReader {
 }
 
 /// The process reading the slot `name`, if one does.
-pub async fn slot_reader(pool: &PgPool, name: &str) -> anyhow::Result<Option<SlotReader>> {
+pub async fn slot_reader(pool: &PgPool, name: &str) -> Result<Option<SlotReader>, CdcError> {
     let reader = sqlx::query_as::<_, SlotReader>(
         "SELECT s.active_pid AS pid, \
          COALESCE(a.backend_type = 'walsender' AND a.application_name = $2, false) AS is_relay, \
@@ -223,12 +234,14 @@ pub async fn slot_reader(pool: &PgPool, name: &str) -> anyhow::Result<Option<Slo
     .bind(APPLICATION_NAME)
     .fetch_optional(pool)
     .await
-    .with_context(|| format!("cannot read the reader of replication slot {name}"))?;
+    .map_err(CdcError::database(format!(
+        "cannot read the reader of replication slot {name}"
+    )))?;
     Ok(reader)
 }
 
 /// The server process holding the slot `name`, if any.
-pub async fn slot_holder(pool: &PgPool, name: &str) -> anyhow::Result<Option<i32>> {
+pub async fn slot_holder(pool: &PgPool, name: &str) -> Result<Option<i32>, CdcError> {
     let pid: Option<Option<i32>> = sqlx::query_scalar(
         "SELECT active_pid FROM pg_replication_slots \
          WHERE slot_name = $1 AND database = current_database()",
@@ -236,29 +249,33 @@ pub async fn slot_holder(pool: &PgPool, name: &str) -> anyhow::Result<Option<i32
     .bind(name)
     .fetch_optional(pool)
     .await
-    .with_context(|| format!("cannot read replication slot {name}"))?;
+    .map_err(CdcError::database(format!(
+        "cannot read replication slot {name}"
+    )))?;
     Ok(pid.flatten())
 }
 
 /// Ends the server process `pid` (`pg_terminate_backend`): its client's
 /// connection closes and the slot it held is free. Returns whether the
 /// process existed.
-pub async fn end_server_process(pool: &PgPool, pid: i32) -> anyhow::Result<bool> {
+pub async fn end_server_process(pool: &PgPool, pid: i32) -> Result<bool, CdcError> {
     sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .fetch_one(pool)
         .await
-        .with_context(|| format!("cannot end server process {pid}"))
+        .map_err(CdcError::database(format!(
+            "cannot end server process {pid}"
+        )))
 }
 
 /// Emits a small non-transactional message into the WAL, so that a relay
 /// on a quiet database gets a position to confirm and the slot keeps up
 /// with WAL written by other databases.
-pub async fn emit_heartbeat(pool: &PgPool) -> anyhow::Result<()> {
+pub async fn emit_heartbeat(pool: &PgPool) -> Result<(), CdcError> {
     sqlx::query("SELECT pg_logical_emit_message(false, 'outbox-relay', 'heartbeat')")
         .execute(pool)
         .await
-        .context("cannot write the heartbeat")?;
+        .map_err(CdcError::database("cannot write the heartbeat"))?;
     Ok(())
 }
 
@@ -267,16 +284,16 @@ pub fn replication_config(
     url: &str,
     slot: &str,
     publication: &str,
-) -> anyhow::Result<ReplicationConfig> {
-    let options = PgConnectOptions::from_str(url)
-        .with_context(|| format!("invalid database URL {}", redact_url(url)))?;
+) -> Result<ReplicationConfig, CdcError> {
+    let options = PgConnectOptions::from_str(url).map_err(|error| CdcError::InvalidUrl {
+        url: redact_url(url),
+        error,
+    })?;
     if matches!(
         options.get_ssl_mode(),
         PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull
     ) {
-        bail!(
-            "CDC mode connects without TLS; remove sslmode from the database URL or use --mode poll"
-        );
+        return Err(CdcError::TlsUnsupported);
     }
     let password = url::Url::parse(url)
         .ok()

@@ -407,7 +407,9 @@ impl Bench {
                     ..CdcOptions::default()
                 },
             );
-            Running::Cdc(tokio::spawn(async move { relay.run(shutdown).await }))
+            Running::Cdc(tokio::spawn(async move {
+                relay.run(shutdown).await.map_err(anyhow::Error::from)
+            }))
         } else {
             let source: Arc<dyn Source> = self.source.clone();
             let relay = Relay::new(
