@@ -302,9 +302,68 @@ pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
     }
 }
 
+/// A usage error as one line: clap's message, its `[possible values: ..]`
+/// and tips joined, without the usage block and the `--help` pointer.
+///
+/// ```
+/// use clap::Parser;
+/// use outbox_relay::cli::{Cli, usage_error_line};
+///
+/// let error = Cli::try_parse_from(["outbox-relay", "run", "--sink", "rabbit"]).unwrap_err();
+/// let line = usage_error_line(&error);
+/// assert!(!line.contains('\n'));
+/// assert!(line.starts_with("error: invalid value 'rabbit' for '--sink <SINK>'"), "{line}");
+/// assert!(line.contains("[possible values: kafka, stdout]"), "{line}");
+/// ```
+pub fn usage_error_line(error: &clap::Error) -> String {
+    let rendered = error.render().to_string();
+    let mut parts: Vec<&str> = Vec::new();
+    let mut in_usage = false;
+    for line in rendered.lines().map(str::trim) {
+        if line.starts_with("Usage:") {
+            in_usage = true;
+            continue;
+        }
+        if line.is_empty() {
+            in_usage = false;
+            continue;
+        }
+        if in_usage || line.starts_with("For more information, try") {
+            continue;
+        }
+        parts.push(line);
+    }
+    let mut line = String::new();
+    for part in parts {
+        if !line.is_empty() {
+            line.push_str(if part.starts_with("tip:") { "; " } else { " " });
+        }
+        line.push_str(part);
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_errors_are_one_line() {
+        for args in [
+            &["outbox-relay", "run", "--sink", "rabbit"][..],
+            &["outbox-relay", "run", "--poll-interval", "soon"],
+            &["outbox-relay", "run", "--snik", "kafka"],
+            &["outbox-relay", "launch"],
+        ] {
+            let error = Cli::try_parse_from(args).unwrap_err();
+            let line = usage_error_line(&error);
+            assert!(!line.contains('\n'), "{args:?}: {line}");
+            assert!(line.starts_with("error: "), "{args:?}: {line}");
+        }
+        let error =
+            Cli::try_parse_from(["outbox-relay", "run", "--poll-interval", "soon"]).unwrap_err();
+        assert!(usage_error_line(&error).contains("500ms"));
+    }
 
     #[test]
     fn the_command_line_is_consistent() {

@@ -1,13 +1,18 @@
 //! `outbox-relay`: see `outbox-relay --help`.
 
+use std::fmt;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use outbox_relay::cli::{Cli, LogFormat};
+use outbox_relay::cli::{Cli, LogFormat, usage_error_line};
 use outbox_relay::config::SettingsError;
 use outbox_relay::redact::{self, RedactingStderr, redact_text};
+use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::field::RecordFields;
+use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::format::Writer;
 
 /// clap's exit code for usage errors, used for settings out of range too.
 const USAGE_ERROR: u8 = 2;
@@ -24,7 +29,10 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(RedactingStderr);
     match cli.global.log_format {
-        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Text => logs
+            .fmt_fields(WithoutStatements)
+            .with_ansi(std::io::stderr().is_terminal())
+            .init(),
         LogFormat::Json => logs.json().init(),
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -50,17 +58,57 @@ fn main() -> ExitCode {
     }
 }
 
-/// Prints clap's message (help and version included) with any credential
-/// it echoes masked: a mistyped option may carry a database URL.
-fn usage_error(error: &clap::Error) -> ExitCode {
-    if error.use_stderr() {
-        let rendered = error.render();
-        let text = if std::io::stderr().is_terminal() {
-            rendered.ansi().to_string()
-        } else {
-            rendered.to_string()
+/// The text log's fields without `db.statement`: sqlx's slow-statement
+/// warning then shows the statement's summary (its first words), its
+/// duration and the threshold on one line, not the whole multi-line SQL.
+struct WithoutStatements;
+
+impl<'writer> FormatFields<'writer> for WithoutStatements {
+    fn format_fields<R: RecordFields>(&self, writer: Writer<'writer>, fields: R) -> fmt::Result {
+        let mut visitor = FieldWriter {
+            writer,
+            first: true,
+            result: Ok(()),
         };
-        eprint!("{}", redact_text(&text));
+        fields.record(&mut visitor);
+        visitor.result
+    }
+}
+
+struct FieldWriter<'writer> {
+    writer: Writer<'writer>,
+    first: bool,
+    result: fmt::Result,
+}
+
+impl Visit for FieldWriter<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let name = field.name();
+        if self.result.is_err() || name == "db.statement" || name.starts_with("log.") {
+            return;
+        }
+        let separator = if std::mem::take(&mut self.first) {
+            ""
+        } else {
+            " "
+        };
+        self.result = if name == "message" {
+            write!(self.writer, "{separator}{value:?}")
+        } else {
+            write!(self.writer, "{separator}{name}={value:?}")
+        };
+    }
+}
+
+/// Prints clap's message (help and version included) with any credential
+/// it echoes masked: a mistyped option may carry a database URL. An error
+/// is one line, like every other error of the relay.
+fn usage_error(error: &clap::Error) -> ExitCode {
+    if error.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        // The help, asked for by giving no subcommand: several lines by nature.
+        eprint!("{}", redact_text(&error.render().to_string()));
+    } else if error.use_stderr() {
+        eprintln!("{}", redact_text(&usage_error_line(error)));
     } else {
         // Help and version: nothing of the user's is echoed.
         let _ = error.print();

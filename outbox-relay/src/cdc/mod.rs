@@ -344,7 +344,10 @@ impl CdcRelay {
                     if !standing_by {
                         tracing::info!(
                             slot = %self.options.slot,
-                            "another relay reads the replication slot; standing by"
+                            retry_every = ?self.options.standby_retry,
+                            "another server process holds the replication slot (another relay, \
+                             or this relay's previous session until the server ends it); \
+                             standing by until it is released"
                         );
                         standing_by = true;
                     }

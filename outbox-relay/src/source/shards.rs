@@ -20,6 +20,7 @@
 //! that the rows a paused or frozen claim holds are freed at once.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -119,6 +120,8 @@ pub(crate) struct Taken {
 #[derive(Debug, Default)]
 pub(crate) struct Membership {
     lease: Mutex<Lease>,
+    /// Whether the wait for shards held by other instances was logged.
+    waiting_logged: AtomicBool,
 }
 
 /// The shards held at the last successful renewal, and until when.
@@ -141,6 +144,24 @@ impl Membership {
             && claimed
                 .iter()
                 .all(|(shard, epoch)| lease.owned.get(shard) == Some(epoch))
+    }
+
+    /// Says once, at INFO, that this instance waits for shards other
+    /// instances hold (a restarted relay waits for its previous run's
+    /// leases), rather than claiming nothing in silence.
+    fn note_waiting(&self, owned: usize, fair: usize, lease: Duration) {
+        let waiting = owned < fair;
+        if waiting && !self.waiting_logged.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                owned,
+                fair_share = fair,
+                "waiting for shards other instances hold: taken over when their owners hand \
+                 them over or their leases expire (within --lease {})",
+                humantime::format_duration(lease)
+            );
+        } else if !waiting && self.waiting_logged.swap(false, Ordering::Relaxed) {
+            tracing::info!(owned, "owns its fair share of the shards");
+        }
     }
 
     fn renewed(&self, at: Instant, lease: Duration, owned: &[(i32, i64)]) {
@@ -257,6 +278,7 @@ async fn round(
         owned.extend(taken.iter().map(|taken| (taken.shard, taken.epoch)));
         membership.renewed(started, config.lease, &owned);
     }
+    membership.note_waiting(owned.len(), fair, config.lease);
     crate::metrics::record_owned_shards(owned.len());
     Ok(())
 }
