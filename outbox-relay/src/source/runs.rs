@@ -222,30 +222,39 @@ pub(crate) struct Lookup {
 /// numbers in the head then have a gap or do not start where expected,
 /// and the aggregate is looked up.
 pub(crate) fn plan(head: &[HeadRow], in_flight: &InFlight, settled: &Settled) -> Plan {
-    let ends: HashMap<&AggregateKey, RunEnd> = in_flight
+    let ends: HashMap<(&str, &str), RunEnd> = in_flight
         .runs
         .iter()
-        .map(|(key, end)| (key, *end))
+        .map(|(key, end)| {
+            (
+                (key.aggregate_type.as_str(), key.aggregate_id.as_str()),
+                *end,
+            )
+        })
         .collect();
-    let mut groups: Vec<(AggregateKey, Vec<&HeadRow>)> = Vec::new();
-    let mut index: HashMap<AggregateKey, usize> = HashMap::new();
+    // The head's aggregates in the order of their oldest rows, each with
+    // its rows (borrowed: no key is copied per row).
+    let mut groups: Vec<((&str, &str), Vec<&HeadRow>)> = Vec::new();
+    let mut index: HashMap<(&str, &str), usize> = HashMap::new();
     for row in head {
-        let key = row.key();
+        let key = (row.aggregatetype.as_str(), row.aggregateid.as_str());
         match index.get(&key) {
             Some(&at) => groups[at].1.push(row),
             None => {
-                index.insert(key.clone(), groups.len());
+                index.insert(key, groups.len());
                 groups.push((key, vec![row]));
             }
         }
     }
     let mut plan = Plan::default();
-    for (key, rows) in groups {
-        let end = ends.get(&key).copied();
-        plan.first_seq.insert(
-            key.clone(),
-            rows.iter().map(|row| row.seq).min().unwrap_or(0),
-        );
+    for ((aggregate_type, aggregate_id), rows) in groups {
+        let key = AggregateKey {
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+        };
+        let end = ends.get(&(aggregate_type, aggregate_id)).copied();
+        // The head is in `seq` order: the first row is the oldest.
+        plan.first_seq.insert(key.clone(), rows[0].seq);
         let earliest = if rows.iter().all(|row| row.aggregate_seq.is_none()) {
             end.is_none_or(|end| end.aggregate_seq == 0)
         } else if let Some(mut numbers) = rows
@@ -289,14 +298,24 @@ pub(crate) fn plan(head: &[HeadRow], in_flight: &InFlight, settled: &Settled) ->
 /// order of their oldest head rows, each plain-SQL rows first, then by
 /// `aggregate_seq`, ties by `seq`.
 pub(crate) fn claim_order(plan: &Plan, records: &mut [OutboxRecord]) {
+    let first_seq: HashMap<(&str, &str), i64> = plan
+        .first_seq
+        .iter()
+        .map(|(key, seq)| {
+            (
+                (key.aggregate_type.as_str(), key.aggregate_id.as_str()),
+                *seq,
+            )
+        })
+        .collect();
+    // Aggregates' oldest rows are distinct rows, so `first_seq` alone keeps
+    // each aggregate's rows together.
     records.sort_by_cached_key(|record| {
         (
-            plan.first_seq
-                .get(&AggregateKey::of(record))
+            first_seq
+                .get(&(record.aggregate_type.as_str(), record.aggregate_id.as_str()))
                 .copied()
                 .unwrap_or(i64::MAX),
-            record.aggregate_type.clone(),
-            record.aggregate_id.clone(),
             record.aggregate_seq,
             record.seq,
         )
@@ -348,8 +367,22 @@ impl Settled {
         // Per aggregate: its last settled number, and whether a row of it
         // stays pending (nothing after that row counts).
         let mut last: HashMap<u128, (i64, bool)> = HashMap::new();
+        // Records come aggregate by aggregate: hash each aggregate once.
+        let mut current: Option<(&str, &str, u128)> = None;
         for record in records {
-            let hash = Self::hash(&AggregateKey::of(record));
+            let hash = match current {
+                Some((aggregate_type, aggregate_id, hash))
+                    if aggregate_type == record.aggregate_type
+                        && aggregate_id == record.aggregate_id =>
+                {
+                    hash
+                }
+                _ => {
+                    let hash = Self::hash(&AggregateKey::of(record));
+                    current = Some((&record.aggregate_type, &record.aggregate_id, hash));
+                    hash
+                }
+            };
             let (number, stopped) = last.entry(hash).or_insert((0, false));
             if *stopped {
                 continue;
