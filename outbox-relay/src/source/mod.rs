@@ -138,23 +138,38 @@ impl RunEnd {
 impl InFlight {
     /// The rows of a claim.
     pub fn of(records: &[OutboxRecord]) -> Self {
+        // A claim lists its rows aggregate by aggregate: one entry per run
+        // of rows of one aggregate, its key copied once.
         let mut runs: Vec<(AggregateKey, RunEnd)> = Vec::new();
-        let mut index: std::collections::HashMap<AggregateKey, usize> =
-            std::collections::HashMap::new();
         for record in records {
-            let key = AggregateKey::of(record);
             let end = RunEnd::of(record);
-            match index.get(&key) {
-                Some(&at) => runs[at].1 = runs[at].1.max(end),
+            match runs.last_mut() {
+                Some((key, last))
+                    if key.aggregate_type == record.aggregate_type
+                        && key.aggregate_id == record.aggregate_id =>
+                {
+                    *last = (*last).max(end);
+                }
+                _ => runs.push((AggregateKey::of(record), end)),
+            }
+        }
+        // Should an aggregate's rows not be listed together, its entries
+        // merge into the first.
+        let mut seen: std::collections::HashMap<AggregateKey, usize> =
+            std::collections::HashMap::with_capacity(runs.len());
+        let mut merged: Vec<(AggregateKey, RunEnd)> = Vec::with_capacity(runs.len());
+        for (key, end) in runs {
+            match seen.get(&key) {
+                Some(&at) => merged[at].1 = merged[at].1.max(end),
                 None => {
-                    index.insert(key.clone(), runs.len());
-                    runs.push((key, end));
+                    seen.insert(key.clone(), merged.len());
+                    merged.push((key, end));
                 }
             }
         }
         Self {
             seqs: records.iter().map(|record| record.seq).collect(),
-            runs,
+            runs: merged,
         }
     }
 

@@ -164,15 +164,6 @@ pub(crate) struct HeadRow {
     pub seq: i64,
 }
 
-impl HeadRow {
-    fn key(&self) -> AggregateKey {
-        AggregateKey {
-            aggregate_type: self.aggregatetype.clone(),
-            aggregate_id: self.aggregateid.clone(),
-        }
-    }
-}
-
 /// Which rows a claim takes, decided from the oldest pending rows.
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Plan {
