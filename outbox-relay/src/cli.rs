@@ -113,6 +113,10 @@ pub struct DropSlotArgs {
 pub enum SinkKind {
     /// A Kafka-API broker (acks=all, idempotent producer)
     Kafka,
+    /// A RabbitMQ topic exchange (persistent messages, publisher confirms)
+    #[value(name = "rabbitmq")]
+    #[serde(rename = "rabbitmq")]
+    RabbitMq,
     /// One JSON object per line on standard output
     Stdout,
 }
@@ -137,7 +141,8 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_PUBLICATION")]
     pub publication: Option<String>,
 
-    /// Where to publish [default: kafka when brokers are given, else stdout]
+    /// Where to publish [default: kafka when brokers are given, rabbitmq when
+    /// an AMQP URL is, else stdout]
     #[arg(long, env = "OUTBOX_SINK", value_enum)]
     pub sink: Option<SinkKind>,
 
@@ -145,8 +150,29 @@ pub struct RunArgs {
     #[arg(long, env = "KAFKA_BROKERS")]
     pub brokers: Option<String>,
 
-    /// Topic of each row; {aggregatetype} is replaced by the row's aggregate
-    /// type [default: outbox.event.{aggregatetype}]
+    /// RabbitMQ to publish to, amqp://user:password@host:port/vhost (amqps://
+    /// with the amqp-tls feature) [default: amqp://guest:guest@127.0.0.1:5672/%2f]
+    #[arg(long, env = "AMQP_URL", hide_env_values = true)]
+    pub amqp_url: Option<String>,
+
+    /// RabbitMQ exchange, declared at start as a durable topic exchange if
+    /// missing; the topic is the routing key [default: outbox]
+    #[arg(long, env = "OUTBOX_AMQP_EXCHANGE")]
+    pub amqp_exchange: Option<String>,
+
+    /// Most RabbitMQ messages awaiting their publisher confirm at once,
+    /// 1 to 100000 [default: 1000]
+    #[arg(long, env = "OUTBOX_AMQP_MAX_UNCONFIRMED")]
+    pub amqp_max_unconfirmed: Option<u64>,
+
+    /// Publish to RabbitMQ without `mandatory`: a message no queue is bound
+    /// for is then acked and dropped by RabbitMQ and its row marked
+    /// published (by default it is retried, then dead-lettered as unroutable)
+    #[arg(long)]
+    pub amqp_allow_unroutable: bool,
+
+    /// Topic of each row (the routing key on RabbitMQ); {aggregatetype} is
+    /// replaced by the row's aggregate type [default: outbox.event.{aggregatetype}]
     #[arg(long, env = "OUTBOX_TOPIC_TEMPLATE")]
     pub topic_template: Option<String>,
 
@@ -313,7 +339,7 @@ pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
 /// let line = usage_error_line(&error);
 /// assert!(!line.contains('\n'));
 /// assert!(line.starts_with("error: invalid value 'rabbit' for '--sink <SINK>'"), "{line}");
-/// assert!(line.contains("[possible values: kafka, stdout]"), "{line}");
+/// assert!(line.contains("[possible values: kafka, rabbitmq, stdout]"), "{line}");
 /// ```
 pub fn usage_error_line(error: &clap::Error) -> String {
     let rendered = error.render().to_string();

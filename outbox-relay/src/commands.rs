@@ -24,6 +24,7 @@ use crate::server;
 use crate::shutdown::Shutdown;
 use crate::sink::Sink;
 use crate::sink::kafka::KafkaSink;
+use crate::sink::rabbitmq::RabbitMqSink;
 use crate::sink::stdout::StdoutSink;
 use crate::source::{self, Source, SourceOptions, Status};
 
@@ -93,6 +94,7 @@ async fn relay_from(
     let sink: Arc<dyn Sink> = match settings.sink {
         SinkKind::Stdout => Arc::new(StdoutSink),
         SinkKind::Kafka => Arc::new(KafkaSink::connect(settings.kafka.clone()).await?),
+        SinkKind::RabbitMq => Arc::new(RabbitMqSink::connect(settings.rabbitmq.clone()).await?),
     };
     tracing::info!(
         database = %redact_url(&settings.database_url),

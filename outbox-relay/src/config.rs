@@ -20,6 +20,7 @@ use crate::cli::{
 use crate::redact;
 use crate::relay::{RelayOptions, Retention};
 use crate::sink::kafka::KafkaOptions;
+use crate::sink::rabbitmq::{self, RabbitMqOptions};
 use crate::source::SourceOptions;
 use crate::source::shards::{ShardConfig, default_instance_id};
 
@@ -60,6 +61,9 @@ pub const MAX_ATTEMPTS: RangeInclusive<u64> = 1..=i32::MAX as u64;
 pub const TOPIC_PARTITIONS: RangeInclusive<u64> = 1..=i32::MAX as u64;
 /// Allowed `--topic-replication-factor` (a 16-bit field in Kafka's protocol).
 pub const TOPIC_REPLICATION_FACTOR: RangeInclusive<u64> = 1..=i16::MAX as u64;
+/// Allowed `--amqp-max-unconfirmed`: each unconfirmed message is kept in
+/// memory until its confirm.
+pub const AMQP_MAX_UNCONFIRMED: RangeInclusive<u64> = 1..=100_000;
 /// Longest `--instance-id`: the width of the shard tables' owner column.
 pub const MAX_INSTANCE_ID_LEN: usize = 64;
 /// The send timeout when none is given.
@@ -88,6 +92,10 @@ pub struct FileConfig {
     publication: Option<String>,
     sink: Option<SinkKind>,
     brokers: Option<String>,
+    amqp_url: Option<String>,
+    amqp_exchange: Option<String>,
+    amqp_max_unconfirmed: Option<u64>,
+    amqp_allow_unroutable: Option<bool>,
     topic_template: Option<String>,
     batch_size: Option<u64>,
     poll_interval: Option<String>,
@@ -251,15 +259,22 @@ pub fn database_url(global: &GlobalArgs, file: &FileConfig) -> String {
         .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned())
 }
 
-/// Remembers every credential in the settings (the database URL's, secret
-/// librdkafka settings of `-X` and of the file's `[kafka]` table), so that
-/// no output of this process shows them; see [`crate::redact`].
+/// Remembers every credential in the settings (the database URL's and the
+/// AMQP URL's, secret librdkafka settings of `-X` and of the file's
+/// `[kafka]` table), so that no output of this process shows them; see
+/// [`crate::redact`].
 pub fn remember_credentials(cli: &Cli, file: &FileConfig) {
     redact::remember_url_credentials(&database_url(&cli.global, file));
+    if let Some(url) = &file.amqp_url {
+        redact::remember_url_credentials(url);
+    }
     for (key, value) in &file.kafka {
         redact::remember_setting(key, value);
     }
     if let Command::Run(args) = &cli.command {
+        if let Some(url) = &args.amqp_url {
+            redact::remember_url_credentials(url);
+        }
         for (key, value) in args
             .kafka_options
             .iter()
@@ -294,6 +309,8 @@ pub struct RunSettings {
     pub sink: SinkKind,
     /// Kafka settings, used when the sink is Kafka.
     pub kafka: KafkaOptions,
+    /// RabbitMQ settings, used when the sink is RabbitMQ.
+    pub rabbitmq: RabbitMqOptions,
     /// The topic template.
     pub topic_template: String,
     /// The source's settlement options.
@@ -344,8 +361,16 @@ impl RunSettings {
         check_name("--publication", &publication)
             .map_err(|error| SettingsError::new(error.to_string()))?;
         let brokers = args.brokers.or_else(|| file.brokers.clone());
+        let amqp_url = given(
+            "--amqp-url",
+            "amqp_url",
+            args.amqp_url,
+            file.amqp_url.clone(),
+        );
         let sink = args.sink.or(file.sink).unwrap_or(if brokers.is_some() {
             SinkKind::Kafka
+        } else if amqp_url.is_some() {
+            SinkKind::RabbitMq
         } else {
             SinkKind::Stdout
         });
@@ -480,6 +505,15 @@ impl RunSettings {
         if sink == SinkKind::Kafka {
             check_producer_options(&client_options, send_timeout, &send_timeout_name)?;
         }
+        let rabbitmq = rabbitmq_options(
+            sink,
+            amqp_url,
+            &args.amqp_exchange,
+            args.amqp_max_unconfirmed,
+            args.amqp_allow_unroutable,
+            file,
+            send_timeout,
+        )?;
         let kafka_defaults = KafkaOptions::default();
         let topic_partitions = match given(
             "--topic-partitions",
@@ -517,6 +551,7 @@ impl RunSettings {
                 send_timeout,
                 client_options,
             },
+            rabbitmq,
             topic_template: args
                 .topic_template
                 .or_else(|| file.topic_template.clone())
@@ -538,6 +573,53 @@ impl RunSettings {
             metrics_interval,
         })
     }
+}
+
+/// The RabbitMQ sink's settings; the URL is checked when it is the sink.
+fn rabbitmq_options(
+    sink: SinkKind,
+    url: Option<Given<String>>,
+    exchange: &Option<String>,
+    max_unconfirmed: Option<u64>,
+    allow_unroutable: bool,
+    file: &FileConfig,
+    send_timeout: Duration,
+) -> Result<RabbitMqOptions, SettingsError> {
+    let defaults = RabbitMqOptions::default();
+    let url = url.unwrap_or(Given {
+        value: defaults.url.clone(),
+        name: "--amqp-url".into(),
+    });
+    if sink == SinkKind::RabbitMq {
+        rabbitmq::check_url(&url.value)
+            .map_err(|error| SettingsError::new(format!("{}: {error}", url.name)))?;
+    }
+    let exchange = exchange
+        .clone()
+        .or_else(|| file.amqp_exchange.clone())
+        .unwrap_or(defaults.exchange);
+    if exchange.is_empty() || exchange.len() > 255 {
+        return Err(SettingsError::new(format!(
+            "--amqp-exchange must be 1 to 255 bytes (got {}); the default exchange cannot be used",
+            exchange.len()
+        )));
+    }
+    let max_unconfirmed = match given(
+        "--amqp-max-unconfirmed",
+        "amqp_max_unconfirmed",
+        max_unconfirmed,
+        file.amqp_max_unconfirmed,
+    ) {
+        Some(max) => check_count(&max.name, max.value, &AMQP_MAX_UNCONFIRMED)? as usize,
+        None => defaults.max_unconfirmed,
+    };
+    Ok(RabbitMqOptions {
+        url: url.value,
+        exchange,
+        max_unconfirmed,
+        mandatory: !allow_unroutable && !file.amqp_allow_unroutable.unwrap_or(false),
+        send_timeout,
+    })
 }
 
 /// librdkafka settings the relay sets itself because its guarantees rest on
@@ -713,6 +795,50 @@ mod tests {
             settings.kafka.client_options,
             [("compression.type".to_owned(), "lz4".to_owned())]
         );
+    }
+
+    #[test]
+    fn an_amqp_url_selects_rabbitmq_and_its_settings_are_checked() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            amqp_url = "amqp://app:s3cret@rabbit:5672/prod"
+            amqp_exchange = "events"
+            amqp_max_unconfirmed = 64
+            "#,
+        )
+        .unwrap();
+        let settings = RunSettings::resolve(&global(None), RunArgs::default(), &file).unwrap();
+        assert_eq!(settings.sink, SinkKind::RabbitMq);
+        assert_eq!(settings.rabbitmq.url, "amqp://app:s3cret@rabbit:5672/prod");
+        assert_eq!(settings.rabbitmq.exchange, "events");
+        assert_eq!(settings.rabbitmq.max_unconfirmed, 64);
+        assert!(settings.rabbitmq.mandatory);
+
+        let resolve = |args: RunArgs| {
+            RunSettings::resolve(&global(None), args, &FileConfig::default())
+                .unwrap_err()
+                .to_string()
+        };
+        let error = resolve(RunArgs {
+            sink: Some(SinkKind::RabbitMq),
+            amqp_url: Some("amqp://app:s3cret@rabbit:port/".into()),
+            ..RunArgs::default()
+        });
+        assert!(error.starts_with("--amqp-url: not a URL"), "{error}");
+        assert!(!error.contains("s3cret"), "{error}");
+        let error = resolve(RunArgs {
+            sink: Some(SinkKind::RabbitMq),
+            amqp_max_unconfirmed: Some(0),
+            ..RunArgs::default()
+        });
+        assert_eq!(error, "--amqp-max-unconfirmed is 0; it must be 1 to 100000");
+        // Another sink does not look at the URL.
+        let args = RunArgs {
+            sink: Some(SinkKind::Stdout),
+            amqp_url: Some("nonsense".into()),
+            ..RunArgs::default()
+        };
+        assert!(RunSettings::resolve(&global(None), args, &FileConfig::default()).is_ok());
     }
 
     #[test]

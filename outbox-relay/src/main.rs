@@ -24,7 +24,7 @@ fn main() -> ExitCode {
         Err(error) => return usage_error(&error),
     };
     let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,pgwire_replication=off"));
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,pgwire_replication=off,lapin=off"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(RedactingStderr);

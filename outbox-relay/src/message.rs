@@ -22,6 +22,8 @@ pub struct Message {
     pub topic: String,
     /// Partitioning key: the aggregate id.
     pub key: String,
+    /// The row's aggregate type, for brokers that carry it as a header.
+    pub aggregate_type: String,
     /// Headers, in a fixed order.
     pub headers: Vec<(&'static str, String)>,
     /// The payload's JSON text; `None` for a tombstone.
@@ -63,6 +65,7 @@ impl TopicTemplate {
         Message {
             topic: self.topic(&record.aggregate_type),
             key: record.aggregate_id.clone(),
+            aggregate_type: record.aggregate_type.clone(),
             headers,
             payload: record.payload.clone(),
         }

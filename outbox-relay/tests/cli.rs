@@ -131,11 +131,11 @@ async fn an_unreachable_broker_is_one_line() {
 
 #[test]
 fn an_unknown_sink_is_a_usage_error() {
-    let (code, _, stderr) = relay(&["run", "--sink", "rabbit"], &[]);
+    let (code, _, stderr) = relay(&["run", "--sink", "pulsar"], &[]);
     assert_eq!(code, 2, "clap's usage-error code");
-    assert!(stderr.contains("invalid value 'rabbit'"), "{stderr}");
+    assert!(stderr.contains("invalid value 'pulsar'"), "{stderr}");
     assert!(
-        stderr.contains("[possible values: kafka, stdout]"),
+        stderr.contains("[possible values: kafka, rabbitmq, stdout]"),
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"));

@@ -13,6 +13,7 @@ pub mod events;
 pub mod http;
 pub mod kafka;
 pub mod process;
+pub mod rabbitmq;
 pub mod stream;
 pub mod witness;
 

@@ -49,6 +49,11 @@ impl RelayProcess {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().expect("try_wait").is_none()

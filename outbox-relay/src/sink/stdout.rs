@@ -98,6 +98,7 @@ mod tests {
         let message = Message {
             topic: "outbox.event.Order".into(),
             key: "42".into(),
+            aggregate_type: "Order".into(),
             headers: vec![("id", "e-1".into()), ("eventType", "OrderPlaced".into())],
             payload: Some(r#"{"order_id": 42}"#.into()),
         };
@@ -112,6 +113,7 @@ mod tests {
         let mut message = Message {
             topic: "t".into(),
             key: "k".into(),
+            aggregate_type: "A".into(),
             headers: vec![],
             payload: None,
         };
