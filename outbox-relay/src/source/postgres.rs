@@ -72,6 +72,10 @@ const CLAIMED_COLUMNS: &str = "id, aggregatetype, aggregateid, type, \
      CASE WHEN isfinite(created_at) \
        THEN EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 ELSE 0 END AS age_at_claim";
 
+/// The names of [`CLAIMED_COLUMNS`].
+const CLAIMED_NAMES: &str = "id, aggregatetype, aggregateid, type, payload, event_version, \
+     aggregate_seq, traceparent, seq, attempts, age_at_claim";
+
 /// A pending row of `table` (an alias of `outbox`).
 fn pending(table: &str) -> String {
     format!("{table}.published_at IS NULL AND {table}.dead_lettered_at IS NULL")
@@ -80,62 +84,80 @@ fn pending(table: &str) -> String {
 /// The oldest pending rows by `seq` (the pending index), up to `$1`,
 /// leaving out the excluded aggregates `$2`/`$3`, `filter` and the rows of
 /// this relay's open claim (`$4`, by `seq`): what [`runs::plan`] decides
-/// the claim from. Nothing is locked here.
+/// the claim from. Nothing is locked here. Both exclusions are hashed
+/// lists the scan of the pending index filters by, whatever the table's
+/// statistics (a join there may become a nested loop over the rows in
+/// flight for every pending row when the table was never analyzed).
 fn head_sql(filter: &str) -> String {
     format!(
-        "SELECT aggregatetype, aggregateid, aggregate_seq, seq FROM outbox WHERE {pending} \
+        "SELECT aggregatetype, aggregateid, aggregate_seq, seq, ctid::text AS place \
+         FROM outbox WHERE {pending} \
          AND (aggregatetype, aggregateid) NOT IN \
            (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i)){filter} \
-         AND NOT EXISTS (SELECT 1 FROM unnest($4::bigint[]) AS in_flight(seq) \
-           WHERE in_flight.seq = outbox.seq) \
+         AND seq NOT IN (SELECT unnest($4::bigint[])) \
          ORDER BY seq LIMIT $1",
         pending = pending("outbox"),
     )
 }
 
 /// Locks and reads the rows a [`runs::Plan`] takes, still pending once
-/// locked: `rows`, the rows `$1` by `seq` (the pending index), and
-/// `lookups`, for each aggregate `$2`/`$3` its `$4` earliest pending rows
-/// in `aggregate_seq` order after the place `$5`/`$6` where its rows in
-/// flight end (the aggregate index; the place is a filter of the index
-/// scan, below the lock, so rows in flight are never waited for).
+/// locked: [`Part::Rows`], the rows at the places `$2` (a TID scan,
+/// whatever the table's statistics say) that are still the rows `$1` by
+/// `seq`, and [`Part::Lookups`], for each aggregate `$1`/`$2` its `$3`
+/// earliest pending rows in `aggregate_seq` order after the place `$4`/`$5`
+/// where its rows in flight end (the aggregate index, which the caller
+/// makes the planner take even without statistics; the place is a filter
+/// of the index scan, below the lock, so rows in flight are never waited
+/// for).
 ///
 /// A row another transaction changed meanwhile is read again once locked:
 /// one no longer pending (published or parked by a previous owner of its
 /// shard) is passed over, and a lookup takes the aggregate's next row,
-/// which may follow it. Rows are never skipped as locked (a claim waits,
+/// which may follow it. A row of `rows` that does not come back (changed
+/// or moved since the head read it) makes the caller drop the whole claim
+/// (see `lock_planned`). Rows are never skipped as locked (a claim waits,
 /// up to its lock timeout), so no earlier pending row can be left behind a
 /// later one.
-fn lock_sql(rows: bool, lookups: bool) -> String {
-    let by_seq = format!(
-        "SELECT {CLAIMED_COLUMNS} FROM outbox WHERE seq = ANY($1::bigint[]) AND {pending} \
-         FOR UPDATE",
-        pending = pending("outbox"),
-    );
-    let looked_up = format!(
-        "SELECT run.* FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[]) \
-           AS lookup(aggregatetype, aggregateid, n, after_aggregate_seq, after_seq) \
-         CROSS JOIN LATERAL (\
-           SELECT {CLAIMED_COLUMNS} FROM outbox AS later \
-           WHERE later.aggregatetype = lookup.aggregatetype \
-           AND later.aggregateid = lookup.aggregateid AND {pending} \
-           AND (COALESCE(later.aggregate_seq, 0), later.seq) \
-             > (lookup.after_aggregate_seq, lookup.after_seq) \
-           ORDER BY later.aggregate_seq NULLS FIRST, later.seq \
-           LIMIT lookup.n FOR UPDATE) AS run",
-        pending = pending("later"),
-    );
-    let claimed = match (rows, lookups) {
-        (true, true) => {
-            format!("WITH by_seq AS ({by_seq}) SELECT * FROM by_seq UNION ALL {looked_up}")
-        }
-        (true, false) => by_seq,
-        (false, _) => looked_up,
+fn lock_sql(part: Part) -> String {
+    let claimed = match part {
+        // Locked by place alone, then kept while still the planned,
+        // pending row: a condition on pending rows next to the place would
+        // let a plan made without statistics scan a pending index instead
+        // of the places.
+        Part::Rows => format!(
+            "WITH by_place AS MATERIALIZED (\
+               SELECT {CLAIMED_COLUMNS}, published_at, dead_lettered_at FROM outbox \
+               WHERE ctid = ANY($2::text[]::tid[]) FOR UPDATE) \
+             SELECT {CLAIMED_NAMES} FROM by_place WHERE seq = ANY($1::bigint[]) AND {pending}",
+            pending = pending("by_place"),
+        ),
+        Part::Lookups => format!(
+            "SELECT run.* FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) \
+               AS lookup(aggregatetype, aggregateid, n, after_aggregate_seq, after_seq) \
+             CROSS JOIN LATERAL (\
+               SELECT {CLAIMED_COLUMNS} FROM outbox AS later \
+               WHERE later.aggregatetype = lookup.aggregatetype \
+               AND later.aggregateid = lookup.aggregateid AND {pending} \
+               AND (COALESCE(later.aggregate_seq, 0), later.seq) \
+                 > (lookup.after_aggregate_seq, lookup.after_seq) \
+               ORDER BY later.aggregate_seq NULLS FIRST, later.seq \
+               LIMIT lookup.n FOR UPDATE) AS run",
+            pending = pending("later"),
+        ),
     };
     format!(
         "SELECT id::text AS id, aggregatetype, aggregateid, type, payload, event_version, \
            aggregate_seq, traceparent, seq, attempts, age_at_claim FROM ({claimed}) AS claimed"
     )
+}
+
+/// A part of a claim's locking statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// The planned rows, by place (`$2`) and `seq` (`$1`).
+    Rows,
+    /// The aggregates looked up (`$1` .. `$5`).
+    Lookups,
 }
 
 /// The shard of a row: a stable hash of its aggregate.
@@ -366,34 +388,74 @@ impl PostgresSource {
         if plan.rows.is_empty() && plan.lookups.is_empty() {
             return Ok((plan, Vec::new()));
         }
+        let mut rows = Vec::new();
+        if !plan.rows.is_empty() {
+            rows = sqlx::query(AssertSqlSafe(lock_sql(Part::Rows)))
+                .bind(&plan.rows)
+                .bind(&plan.places)
+                .fetch_all(&mut **txn)
+                .await?;
+        }
         let lookups = &plan.lookups;
-        let rows = sqlx::query(AssertSqlSafe(lock_sql(
-            !plan.rows.is_empty(),
-            !lookups.is_empty(),
-        )))
-        .bind(&plan.rows)
-        .bind(
-            lookups
-                .iter()
-                .map(|l| l.key.aggregate_type.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            lookups
-                .iter()
-                .map(|l| l.key.aggregate_id.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(lookups.iter().map(|l| l.n).collect::<Vec<_>>())
-        .bind(
-            lookups
-                .iter()
-                .map(|l| l.after.aggregate_seq)
-                .collect::<Vec<_>>(),
-        )
-        .bind(lookups.iter().map(|l| l.after.seq).collect::<Vec<_>>())
-        .fetch_all(&mut **txn)
-        .await?;
+        if !lookups.is_empty() {
+            // Without statistics (a table never analyzed) both pending
+            // indexes look nearly empty, and the planner may scan every
+            // pending row by `seq` and sort them, once per aggregate: no
+            // sort for this statement, the aggregate index gives the order.
+            let (sort,): (String,) = sqlx::query_as(
+                "SELECT current_setting('enable_sort'), set_config('enable_sort', 'off', true)",
+            )
+            .fetch_one(&mut **txn)
+            .await?;
+            rows.extend(
+                sqlx::query(AssertSqlSafe(lock_sql(Part::Lookups)))
+                    .bind(
+                        lookups
+                            .iter()
+                            .map(|l| l.key.aggregate_type.as_str())
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(
+                        lookups
+                            .iter()
+                            .map(|l| l.key.aggregate_id.as_str())
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(lookups.iter().map(|l| l.n).collect::<Vec<_>>())
+                    .bind(
+                        lookups
+                            .iter()
+                            .map(|l| l.after.aggregate_seq)
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(lookups.iter().map(|l| l.after.seq).collect::<Vec<_>>())
+                    .fetch_all(&mut **txn)
+                    .await?,
+            );
+            sqlx::query("SELECT set_config('enable_sort', $1, true)")
+                .bind(sort)
+                .execute(&mut **txn)
+                .await?;
+        }
+        // A planned row that did not come back was changed meanwhile (by a
+        // previous owner of its shard, or `retry`): its aggregate's later
+        // rows must not go without it, and they are locked now. Nothing of
+        // this claim is taken; the next one reads the rows afresh.
+        let planned: std::collections::HashSet<i64> = plan.rows.iter().copied().collect();
+        let found = rows
+            .iter()
+            .filter(|row| {
+                row.try_get::<i64, _>("seq")
+                    .is_ok_and(|seq| planned.contains(&seq))
+            })
+            .count();
+        if found < planned.len() {
+            tracing::debug!(
+                missing = planned.len() - found,
+                "rows changed between reading and locking them; claiming again"
+            );
+            return Ok((Plan::default(), Vec::new()));
+        }
         Ok((plan, rows))
     }
 
@@ -934,31 +996,37 @@ impl ShardStore for PgShardStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{head_sql, lock_sql};
+    use super::{Part, head_sql, lock_sql};
 
     #[test]
     fn the_head_locks_nothing() {
         let sql = head_sql(" AND shard_filter");
         assert!(!sql.contains("FOR UPDATE"), "{sql}");
         assert!(
-            sql.contains("AND shard_filter AND NOT EXISTS (SELECT 1 FROM unnest($4::bigint[])"),
+            sql.contains("AND shard_filter AND seq NOT IN (SELECT unnest($4::bigint[]))"),
             "{sql}"
         );
     }
 
     #[test]
     fn claims_lock_rows_as_they_are_read_never_skipping_any() {
-        for (rows, lookups) in [(true, true), (true, false), (false, true)] {
-            let sql = lock_sql(rows, lookups);
+        let rows = lock_sql(Part::Rows);
+        let lookups = lock_sql(Part::Lookups);
+        for sql in [&rows, &lookups] {
             assert!(!sql.contains("SKIP LOCKED"), "{sql}");
-            assert_eq!(sql.contains("seq = ANY($1::bigint[])"), rows, "{sql}");
-            assert_eq!(
-                sql.contains(
-                    "ORDER BY later.aggregate_seq NULLS FIRST, later.seq LIMIT lookup.n FOR UPDATE"
-                ),
-                lookups,
-                "{sql}"
-            );
         }
+        // Planned rows are locked by place alone (a TID scan whatever the
+        // statistics), and checked once locked.
+        assert!(
+            rows.contains("FROM outbox WHERE ctid = ANY($2::text[]::tid[]) FOR UPDATE)"),
+            "{rows}"
+        );
+        assert!(rows.contains("WHERE seq = ANY($1::bigint[])"), "{rows}");
+        assert!(
+            lookups.contains(
+                "ORDER BY later.aggregate_seq NULLS FIRST, later.seq LIMIT lookup.n FOR UPDATE"
+            ),
+            "{lookups}"
+        );
     }
 }

@@ -162,14 +162,20 @@ pub(crate) struct HeadRow {
     pub aggregate_seq: Option<i64>,
     /// `seq`.
     pub seq: i64,
+    /// Where the row version read lies (PostgreSQL's `ctid`, as text): the
+    /// claim locks it there, with no index whose choice could depend on
+    /// the table's statistics.
+    pub place: String,
 }
 
 /// Which rows a claim takes, decided from the oldest pending rows.
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Plan {
     /// Rows known to be the earliest pending rows of their aggregates
-    /// (after those in flight): locked by `seq` as they are.
+    /// (after those in flight), by `seq`: locked as they are.
     pub rows: Vec<i64>,
+    /// Where each of `rows` lies ([`HeadRow::place`]).
+    pub places: Vec<String>,
     /// Aggregates whose earliest pending rows must be looked up in
     /// `aggregate_seq` order.
     pub lookups: Vec<Lookup>,
@@ -271,6 +277,7 @@ pub(crate) fn plan(head: &[HeadRow], in_flight: &InFlight, settled: &Settled) ->
         };
         if earliest {
             plan.rows.extend(rows.iter().map(|row| row.seq));
+            plan.places.extend(rows.iter().map(|row| row.place.clone()));
         } else {
             plan.lookups.push(Lookup {
                 key,
@@ -483,6 +490,7 @@ mod tests {
                 aggregateid: aggregate.into(),
                 aggregate_seq,
                 seq,
+                place: format!("(0,{seq})"),
             })
             .collect()
     }
