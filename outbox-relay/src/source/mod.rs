@@ -196,6 +196,11 @@ impl AggregateKey {
             aggregate_id: record.aggregate_id.clone(),
         }
     }
+
+    /// The key borrowed, for maps that need no copy of it.
+    pub fn as_pair(&self) -> (&str, &str) {
+        (&self.aggregate_type, &self.aggregate_id)
+    }
 }
 
 /// A batch of claimed rows, waiting to be settled.

@@ -222,12 +222,7 @@ pub(crate) fn plan(head: &[HeadRow], in_flight: &InFlight, settled: &Settled) ->
     let ends: HashMap<(&str, &str), RunEnd> = in_flight
         .runs
         .iter()
-        .map(|(key, end)| {
-            (
-                (key.aggregate_type.as_str(), key.aggregate_id.as_str()),
-                *end,
-            )
-        })
+        .map(|(key, end)| (key.as_pair(), *end))
         .collect();
     // The head's aggregates in the order of their oldest rows, each with
     // its rows (borrowed: no key is copied per row).
@@ -299,12 +294,7 @@ pub(crate) fn claim_order(plan: &Plan, records: &mut [OutboxRecord]) {
     let first_seq: HashMap<(&str, &str), i64> = plan
         .first_seq
         .iter()
-        .map(|(key, seq)| {
-            (
-                (key.aggregate_type.as_str(), key.aggregate_id.as_str()),
-                *seq,
-            )
-        })
+        .map(|(key, seq)| (key.as_pair(), *seq))
         .collect();
     // Aggregates' oldest rows are distinct rows, so `first_seq` alone keeps
     // each aggregate's rows together.
