@@ -15,6 +15,7 @@ use crate::cli::{
 use crate::config::{
     FileConfig, RunSettings, cleanup_retention, database_url, remember_credentials, slot_name,
 };
+use crate::database::Backend;
 use crate::health::{self, Health};
 use crate::message::TopicTemplate;
 use crate::progress::Progress;
@@ -144,7 +145,7 @@ async fn relay_from(
 
 async fn migrate(url: &str) -> anyhow::Result<()> {
     // Creating the tables may create the SQLite file as well.
-    let url = if url.starts_with("sqlite:") && !url.contains("mode=") {
+    let url = if Backend::of(url) == Some(Backend::Sqlite) && !url.contains("mode=") {
         format!("{url}{}mode=rwc", if url.contains('?') { '&' } else { '?' })
     } else {
         url.to_owned()
@@ -164,7 +165,7 @@ async fn migrate(url: &str) -> anyhow::Result<()> {
 }
 
 async fn status(url: &str, args: &StatusArgs, slot: &str) -> anyhow::Result<()> {
-    let (mut status, slot) = if source::is_postgres(url) {
+    let (mut status, slot) = if Backend::of(url) == Some(Backend::Postgres) {
         let postgres = source::connect_postgres(url, SourceOptions::default()).await?;
         let status = postgres.status().await?;
         (status, cdc_slot::slot_status(postgres.pool(), slot).await?)
@@ -276,7 +277,7 @@ fn slot_table(slot: &SlotStatus) -> String {
 }
 
 async fn drop_slot(url: &str, slot: &str, args: &DropSlotArgs) -> anyhow::Result<()> {
-    if !source::is_postgres(url) {
+    if Backend::of(url) != Some(Backend::Postgres) {
         anyhow::bail!(
             "replication slots exist on PostgreSQL only; the database URL is not postgres://"
         );

@@ -17,6 +17,7 @@ use crate::cli::{
     CleanupArgs, Cli, Command, GlobalArgs, RunArgs, RunMode, SinkKind, parse_duration,
     parse_key_value,
 };
+use crate::database::Backend;
 use crate::redact;
 use crate::relay::{RelayOptions, Retention};
 use crate::sink::kafka::KafkaOptions;
@@ -332,19 +333,11 @@ impl RunSettings {
     pub fn resolve(global: &GlobalArgs, args: RunArgs, file: &FileConfig) -> anyhow::Result<Self> {
         let database_url = database_url(global, file);
         let mode = args.mode.or(file.mode).unwrap_or_default();
-        if mode == RunMode::Cdc && !crate::source::is_postgres(&database_url) {
+        let backend = Backend::of(&database_url);
+        if mode == RunMode::Cdc && backend != Some(Backend::Postgres) {
             // Only a well-formed scheme is shown: anything else may be a
             // connection string with a password in it.
-            let scheme = database_url
-                .split_once(':')
-                .map(|(scheme, _)| scheme)
-                .filter(|scheme| {
-                    !scheme.is_empty()
-                        && scheme
-                            .chars()
-                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-                })
-                .unwrap_or("not PostgreSQL");
+            let scheme = crate::database::scheme(&database_url).unwrap_or("not PostgreSQL");
             // Not a SettingsError: each setting is fine, the database is
             // not the kind CDC mode needs (exit code 1).
             anyhow::bail!(
@@ -392,7 +385,7 @@ impl RunSettings {
             Some(attempts) => check_count(&attempts.name, attempts.value, &MAX_ATTEMPTS)? as i32,
             None => 10,
         };
-        let default_poll = if database_url.starts_with("postgres") {
+        let default_poll = if backend.is_some_and(Backend::notifies) {
             Duration::from_secs(1)
         } else {
             Duration::from_millis(100)
@@ -450,7 +443,7 @@ impl RunSettings {
             None => Duration::from_secs(10),
         };
         // SQLite serves one relay per file: nothing to share.
-        let sharding = !database_url.starts_with("sqlite:");
+        let sharding = backend.is_none_or(Backend::shares_work);
         let send_timeout = given_duration(
             "--send-timeout",
             "send_timeout",

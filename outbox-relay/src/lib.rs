@@ -18,6 +18,7 @@ pub mod cdc;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod database;
 pub mod health;
 pub mod message;
 pub mod metrics;

@@ -8,21 +8,31 @@
 //! them pending and nothing is lost. A claimed row that cannot be read is
 //! dead-lettered with its reason instead of failing the claim (`decode`).
 
+mod dead_letters;
 mod decode;
+pub mod dialect;
+mod fencing;
 pub mod mysql;
 pub mod postgres;
 mod runs;
+mod settle;
 pub mod shards;
+mod sql;
 pub mod sqlite;
 
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use crate::database::{Backend, DatabaseUrl};
 use crate::metrics::BatchObservation;
 use crate::record::OutboxRecord;
 use crate::redact::redact_url;
+pub(crate) use dead_letters::redrive_filter;
+pub use dialect::Dialect;
 pub(crate) use runs::RunRow;
+pub use runs::Settled;
+pub use sql::SqlSource;
 
 /// How rows are claimed and settled.
 #[derive(Debug, Clone, Default)]
@@ -332,37 +342,12 @@ pub struct DeadLetter {
     pub last_error: Option<String>,
 }
 
-/// Builds the `WHERE` filter of a re-drive: `dead_lettered_at IS NOT NULL`
-/// plus an id list (compared as `id_text`, the id as text) and an aggregate
-/// type when given, with `placeholder(n)` giving the n-th bind placeholder
-/// (1-based).
-pub(crate) fn redrive_filter(
-    id_text: &str,
-    ids: usize,
-    aggregate_type: bool,
-    placeholder: impl Fn(usize) -> String,
-) -> String {
-    let mut filter = "dead_lettered_at IS NOT NULL".to_owned();
-    let mut next = 1;
-    if ids > 0 {
-        let list: Vec<String> = (next..next + ids).map(&placeholder).collect();
-        filter.push_str(&format!(" AND {id_text} IN ({})", list.join(", ")));
-        next += ids;
-    }
-    if aggregate_type {
-        filter.push_str(&format!(" AND aggregatetype = {}", placeholder(next)));
-    }
-    filter
-}
-
 /// A source failure.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// The URL names no supported database.
-    #[error(
-        "unsupported database URL `{0}`; expected postgres://, mysql:// (or mariadb://) or sqlite://"
-    )]
-    UnsupportedUrl(String),
+    #[error(transparent)]
+    UnsupportedUrl(#[from] crate::database::UnsupportedUrl),
     /// The database could not be reached at start.
     #[error("cannot connect to the database at {url}: {source}")]
     Connect {
@@ -397,39 +382,14 @@ pub enum SourceError {
     Query(#[from] sqlx::Error),
 }
 
-/// Connects to the database of `url` and returns its source.
+/// Connects to the database of `url` (its scheme chooses the
+/// [`Backend`]) and returns its source, its outbox table checked.
 pub async fn connect(url: &str, options: SourceOptions) -> Result<Box<dyn Source>, SourceError> {
-    let scheme = url
-        .split_once(':')
-        .map(|(scheme, _)| scheme)
-        .unwrap_or_default();
-    let connect_error = |source| SourceError::Connect {
-        url: redact_url(url),
-        source,
-    };
-    let source: Box<dyn Source> = match scheme {
-        "postgres" | "postgresql" => Box::new(
-            postgres::PostgresSource::connect(url, options)
-                .await
-                .map_err(|error| missing_table(url, error))?,
-        ),
-        "mysql" | "mariadb" => Box::new(
-            mysql::MySqlSource::connect(url, options)
-                .await
-                .map_err(|error| missing_table(url, error))?,
-        ),
-        "sqlite" => Box::new(
-            sqlite::SqliteSource::connect(url, options)
-                .await
-                .map_err(connect_error)?,
-        ),
-        _ => return Err(SourceError::UnsupportedUrl(redact_url(url))),
-    };
-    source
-        .check_table()
-        .await
-        .map_err(|error| missing_table(url, error))?;
-    Ok(source)
+    Ok(match DatabaseUrl::parse(url)?.backend() {
+        Backend::Postgres => Box::new(postgres::PostgresSource::open(url, options).await?),
+        Backend::MySql => Box::new(mysql::MySqlSource::open(url, options).await?),
+        Backend::Sqlite => Box::new(sqlite::SqliteSource::open(url, options).await?),
+    })
 }
 
 /// Connects to a PostgreSQL database (CDC mode, and the slot state of
@@ -438,19 +398,7 @@ pub async fn connect_postgres(
     url: &str,
     options: SourceOptions,
 ) -> Result<postgres::PostgresSource, SourceError> {
-    let source = postgres::PostgresSource::connect(url, options)
-        .await
-        .map_err(|error| missing_table(url, error))?;
-    source
-        .check_table()
-        .await
-        .map_err(|error| missing_table(url, error))?;
-    Ok(source)
-}
-
-/// Whether `url` names a PostgreSQL database.
-pub fn is_postgres(url: &str) -> bool {
-    url.starts_with("postgres:") || url.starts_with("postgresql:")
+    postgres::PostgresSource::open(url, options).await
 }
 
 /// Shard owners, or none when the shard table does not exist (yet).
@@ -464,7 +412,7 @@ pub(crate) fn owners_or_none(
 }
 
 /// Names a missing outbox table (or shard table) as such.
-fn missing_table(url: &str, error: SourceError) -> SourceError {
+pub(crate) fn missing_table(url: &str, error: SourceError) -> SourceError {
     match error {
         SourceError::Query(query) if is_missing_table(&query) => SourceError::MissingTable {
             url: redact_url(url),
@@ -494,21 +442,4 @@ pub(crate) fn question_marks(count: usize) -> String {
 /// `(?, ?), (?, ?), ...`: one pair per excluded aggregate.
 pub(crate) fn question_mark_pairs(count: usize) -> String {
     vec!["(?, ?)"; count].join(", ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redrive_filter;
-
-    #[test]
-    fn redrive_filters_name_their_parameters() {
-        assert_eq!(
-            redrive_filter("id", 0, false, |_| "?".into()),
-            "dead_lettered_at IS NOT NULL"
-        );
-        assert_eq!(
-            redrive_filter("id::text", 2, true, |n| format!("${n}")),
-            "dead_lettered_at IS NOT NULL AND id::text IN ($1, $2) AND aggregatetype = $3"
-        );
-    }
 }

@@ -18,17 +18,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
-use sqlx::{AssertSqlSafe, MySql, Row, Transaction};
+use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlQueryResult, MySqlRow};
+use sqlx::{AssertSqlSafe, FromRow, MySql};
 
+use super::dead_letters::park;
 use super::decode;
-use super::runs::{Head, head_sql, in_claim_order, runs_sql};
-use super::shards::{self, Fencing, Membership, ShardConfig, ShardStore, Taken};
+use super::dialect::{ClaimRequest, Dialect, ShardStatements};
+use super::runs::{Head, exclusion, in_claim_order, read_heads, read_runs};
+use super::settle::{mark_listed, record_each};
+use super::shards::{ShardConfig, ShardStore, Taken};
 use super::{
-    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, DeadLetter, RunRow, Settlement, Source,
-    SourceError, SourceOptions, Status, owners_or_none, question_mark_pairs, question_marks,
-    redrive_filter,
+    DeadLetter, FailedRow, RunRow, SourceError, SourceOptions, SqlSource, TypeBacklog,
+    question_marks,
 };
+use crate::database::DatabaseUrl;
 use crate::record::OutboxRecord;
 
 /// A zero `created_at` (`0000-00-00`, which MariaDB accepts by default)
@@ -44,25 +47,24 @@ const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
 const SHARD_OF_ROW: &str = "MOD(CRC32(CONCAT(aggregatetype, '/', aggregateid)), ?)";
 
 /// Pending rows of a MariaDB or MySQL database.
-pub struct MySqlSource {
-    pool: MySqlPool,
-    delete_on_publish: bool,
-    sharding: Option<Sharding>,
+pub type MySqlSource = SqlSource<MySqlDialect>;
+
+/// MariaDB's and MySQL's part of a [`MySqlSource`]: how its sessions are
+/// set up.
+pub struct MySqlDialect {
+    session: SessionSetup,
 }
 
-/// This instance's part in shard ownership.
-struct Sharding {
-    config: ShardConfig,
-    store: Arc<MySqlShardStore>,
-    membership: Arc<Membership>,
-    heartbeat: tokio::task::JoinHandle<()>,
-}
+#[async_trait]
+impl Dialect for MySqlDialect {
+    type Db = MySql;
+    type Age = u64;
 
-impl MySqlSource {
-    /// Connects a small pool whose sessions use UTC and READ COMMITTED and,
-    /// with shards configured, joins their ownership.
-    pub async fn connect(url: &str, options: SourceOptions) -> Result<Self, SourceError> {
-        let url = url.replacen("mariadb://", "mysql://", 1);
+    /// A small pool whose sessions use UTC and READ COMMITTED.
+    async fn connect(
+        url: &DatabaseUrl,
+        options: &SourceOptions,
+    ) -> Result<(MySqlPool, Self), sqlx::Error> {
         let session = SessionSetup {
             shards: options.shards.as_ref().map(|shards| ShardSessions {
                 instance: shards.instance.clone(),
@@ -78,263 +80,148 @@ impl MySqlSource {
                 let session = claims_session.clone();
                 Box::pin(async move { session.apply(conn).await })
             })
-            .connect(&url)
-            .await
-            .map_err(|source| SourceError::Connect {
-                url: crate::redact::redact_url(&url),
-                source,
-            })?;
-        let mut source = Self {
-            pool: pool.clone(),
-            delete_on_publish: options.delete_on_publish,
-            sharding: None,
-        };
-        if let Some(config) = options.shards {
-            source.check_table().await?;
-            // A connection of its own: renewals never wait for a claim's.
-            let heartbeat_pool = MySqlPoolOptions::new()
-                .max_connections(1)
-                .acquire_timeout(config.lease / 3)
-                .after_connect(move |conn, _meta| {
-                    let session = session.clone();
-                    Box::pin(async move { session.apply(conn).await })
-                })
-                .connect_with((*pool.connect_options()).clone())
-                .await
-                .map_err(|source| SourceError::Connect {
-                    url: crate::redact::redact_url(&url),
-                    source,
-                })?;
-            let store = Arc::new(MySqlShardStore {
-                pool: heartbeat_pool,
-            });
-            let (membership, heartbeat) = shards::join(store.clone(), config.clone()).await?;
-            source.sharding = Some(Sharding {
-                config,
-                store,
-                membership,
-                heartbeat,
-            });
-        }
-        Ok(source)
-    }
-}
-
-#[async_trait]
-impl Source for MySqlSource {
-    async fn check_table(&self) -> Result<(), SourceError> {
-        sqlx::query("SELECT 1 FROM outbox LIMIT 1")
-            .fetch_optional(&self.pool)
+            .connect(&url.driver_url())
             .await?;
-        Ok(())
+        Ok((pool, Self { session }))
     }
 
+    async fn shard_store(
+        &self,
+        pool: &MySqlPool,
+        config: &ShardConfig,
+    ) -> Result<Option<Arc<dyn ShardStore>>, sqlx::Error> {
+        let store = MySqlShardStore::connect(pool, self.session.clone(), config.lease).await?;
+        Ok(Some(Arc::new(store)))
+    }
+
+    const SHARDS: Option<ShardStatements> = Some(SHARD_STATEMENTS);
+
+    /// With shards, rows a previous owner still holds are waited for;
+    /// without, rows another claim holds are skipped (`SKIP LOCKED`) and a
+    /// run that loses a row that way is cut there by `in_claim_order`.
     async fn claim(
-        &self,
-        limit: usize,
-        excluded: &[AggregateKey],
-    ) -> Result<Box<dyn Claim>, SourceError> {
-        let exclusion = if excluded.is_empty() {
-            String::new()
-        } else {
-            format!(
-                " AND (aggregatetype, aggregateid) NOT IN ({})",
-                question_mark_pairs(excluded.len())
-            )
-        };
-        let mut txn = self.pool.begin().await?;
-        let (records, owned) = match &self.sharding {
-            None => {
-                // Rows another claim holds are skipped; a run that loses a
-                // row that way is cut there by `in_claim_order`.
-                let records = claim_runs(
-                    &mut txn,
-                    &exclusion,
-                    excluded,
-                    &[],
-                    0,
-                    limit,
-                    " SKIP LOCKED",
-                )
-                .await?;
-                (records, Vec::new())
-            }
-            Some(sharding) => {
-                let owned =
-                    owned_shards(&mut txn, &sharding.config.instance, ShardCheck::Claim).await?;
-                if owned.is_empty() {
-                    (Vec::new(), owned)
-                } else {
-                    let filter = format!(
-                        "{exclusion} AND {SHARD_OF_ROW} IN ({})",
-                        question_marks(owned.len())
-                    );
-                    let shards: Vec<i64> = owned.iter().map(|(shard, _)| *shard).collect();
-                    let records = claim_runs(
-                        &mut txn,
-                        &filter,
-                        excluded,
-                        &shards,
-                        sharding.config.count,
-                        limit,
-                        "",
-                    )
-                    .await?;
-                    (records, owned)
-                }
+        _source: &MySqlSource,
+        conn: &mut MySqlConnection,
+        request: &ClaimRequest<'_>,
+    ) -> Result<Vec<OutboxRecord>, SourceError> {
+        let mut filter = exclusion(request.excluded.len(), false);
+        let lock = match &request.shards {
+            None => " SKIP LOCKED",
+            Some(shards) => {
+                filter.push_str(&format!(
+                    " AND {SHARD_OF_ROW} IN ({})",
+                    question_marks(shards.owned.len())
+                ));
+                ""
             }
         };
-        Ok(Box::new(MySqlClaim {
-            txn,
-            records,
-            delete_on_publish: self.delete_on_publish,
-            fencing: self.sharding.as_ref().map(|sharding| Fencing {
-                instance: sharding.config.instance.clone(),
-                owned,
-                membership: sharding.membership.clone(),
-            }),
-        }))
+        claim_runs(conn, &filter, request, lock).await
     }
 
-    async fn wait_for_rows(&self, timeout: Duration) {
-        tokio::time::sleep(timeout).await;
-    }
-
-    async fn delete_published(&self, older_than: Duration, limit: u64) -> Result<u64, SourceError> {
-        let deleted = sqlx::query(
-            "DELETE FROM outbox WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
-             ORDER BY published_at LIMIT ?",
-        )
-        .bind(older_than.as_micros() as u64)
-        .bind(limit)
-        .execute(&self.pool)
-        .await?;
-        Ok(deleted.rows_affected())
-    }
-
-    async fn backlog(&self) -> Result<Backlog, SourceError> {
-        let (pending, oldest_pending_age_seconds): (i64, Option<f64>) = sqlx::query_as(
-            "SELECT COUNT(*), \
-               CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6 \
-             FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        // Dead letters are never published: the pending index covers them.
-        let dead_letters: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NOT NULL",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(Backlog {
-            pending,
-            oldest_pending_age_seconds,
-            dead_letters,
-        })
-    }
-
-    async fn status(&self) -> Result<Status, SourceError> {
-        let published: i64 =
-            sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE published_at IS NOT NULL")
-                .fetch_one(&self.pool)
-                .await?;
-        let pending_by_type = sqlx::query_as(
-            "SELECT aggregatetype, COUNT(*) AS pending, \
-               CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6 \
-                 AS oldest_pending_age_seconds \
-             FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
-             GROUP BY aggregatetype ORDER BY 2 DESC, 1 LIMIT 50",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let owners = sqlx::query_as(
-            "SELECT owner, COUNT(*) AS shards, \
-               CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(lease_until)) AS DOUBLE) / 1e6 \
-                 AS lease_expires_in_seconds \
-             FROM outbox_relay_shard WHERE owner IS NOT NULL GROUP BY owner ORDER BY owner",
-        )
-        .fetch_all(&self.pool)
-        .await;
-        Ok(Status {
-            backlog: self.backlog().await?,
-            published,
-            pending_by_type,
-            dead_letter_rows: dead_letters(&self.pool).await?,
-            shard_owners: owners_or_none(owners)?,
-        })
-    }
-
-    async fn close(&self) {
-        if let Some(sharding) = &self.sharding {
-            sharding.heartbeat.abort();
-            shards::leave(sharding.store.as_ref(), &sharding.config).await;
-        }
-    }
-
-    async fn redrive(
-        &self,
+    async fn mark_published(
+        conn: &mut MySqlConnection,
         ids: &[String],
-        aggregate_type: Option<&str>,
-        limit: u64,
-    ) -> Result<u64, SourceError> {
-        let filter = redrive_filter("id", ids.len(), aggregate_type.is_some(), |_| {
-            "?".to_owned()
-        });
-        let sql = format!(
+        delete: bool,
+    ) -> Result<(), SourceError> {
+        let action = if delete {
+            "DELETE FROM outbox"
+        } else {
+            "UPDATE outbox SET published_at = UTC_TIMESTAMP(6)"
+        };
+        mark_listed::<MySql>(conn, action, ids, usize::MAX).await
+    }
+
+    async fn record_failures(
+        conn: &mut MySqlConnection,
+        failed: &[FailedRow],
+    ) -> Result<(), SourceError> {
+        record_each::<MySql>(conn, Self::NOW, failed).await
+    }
+
+    fn rows_affected(result: &MySqlQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn placeholder(_: usize) -> String {
+        "?".to_owned()
+    }
+
+    const NOW: &'static str = "UTC_TIMESTAMP(6)";
+
+    const DELETE_PUBLISHED: &'static str = "DELETE FROM outbox WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+         ORDER BY published_at LIMIT ?";
+
+    fn age(older_than: Duration) -> u64 {
+        older_than.as_micros() as u64
+    }
+
+    const BACKLOG: &'static str = "SELECT COUNT(*), \
+           CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6 \
+         FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL";
+
+    /// Dead letters are never published: the pending index covers them.
+    const DEAD_LETTER_COUNT: &'static str =
+        "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NOT NULL";
+
+    const PENDING_BY_TYPE: &'static str = "SELECT aggregatetype, COUNT(*) AS pending, \
+           CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6 \
+             AS oldest_pending_age_seconds \
+         FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
+         GROUP BY aggregatetype ORDER BY 2 DESC, 1 LIMIT 50";
+
+    const DEAD_LETTERS: &'static str = "SELECT id, aggregatetype, aggregateid, type, attempts, last_error FROM outbox \
+         WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT ?";
+
+    fn type_backlog(row: &MySqlRow) -> Result<TypeBacklog, sqlx::Error> {
+        TypeBacklog::from_row(row)
+    }
+
+    fn dead_letter(row: &MySqlRow) -> Result<DeadLetter, sqlx::Error> {
+        DeadLetter::from_row(row)
+    }
+
+    const ID_AS_TEXT: &'static str = "id";
+
+    fn redrive_sql(filter: &str, limit: u64) -> String {
+        format!(
             "UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 WHERE {filter} LIMIT {limit}"
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for id in ids {
-            query = query.bind(id);
-        }
-        if let Some(aggregate_type) = aggregate_type {
-            query = query.bind(aggregate_type);
-        }
-        Ok(query.execute(&self.pool).await?.rows_affected())
+        )
     }
 }
 
 /// Claims up to `limit` rows in aggregate order (see `source/runs.rs`):
 /// reads the aggregates of the oldest pending rows passing `filter` (its
-/// parameters: the `excluded` pairs, then the shard count and `shards` when
-/// sharded), then their runs, without locking; then locks exactly those
-/// rows by primary key (`lock` appended to `FOR UPDATE`). InnoDB locks
-/// every record a locking scan passes, so a locking scan filtered by shard
-/// would wait on other instances' rows.
+/// parameters: the excluded pairs, then the shard count and the shards
+/// when sharded), then their runs, without locking; then locks exactly
+/// those rows by primary key (`lock` appended to `FOR UPDATE`). InnoDB
+/// locks every record a locking scan passes, so a locking scan filtered by
+/// shard would wait on other instances' rows.
 async fn claim_runs(
-    txn: &mut Transaction<'static, MySql>,
+    conn: &mut MySqlConnection,
     filter: &str,
-    excluded: &[AggregateKey],
-    shards: &[i64],
-    shard_count: u32,
-    limit: usize,
+    request: &ClaimRequest<'_>,
     lock: &str,
 ) -> Result<Vec<OutboxRecord>, SourceError> {
-    let head_sql = head_sql(filter);
-    let mut query = sqlx::query_as::<_, Head>(AssertSqlSafe(head_sql));
-    for key in excluded {
-        query = query.bind(&key.aggregate_type).bind(&key.aggregate_id);
-    }
-    if !shards.is_empty() {
-        query = query.bind(shard_count);
-        for shard in shards {
-            query = query.bind(shard);
-        }
-    }
-    let heads = query.bind(limit as u64).fetch_all(&mut **txn).await?;
+    let heads = read_heads::<MySql>(
+        conn,
+        filter,
+        request.excluded,
+        request.shards.as_ref(),
+        request.limit,
+    )
+    .await?
+    .iter()
+    .map(Head::from_row)
+    .collect::<Result<Vec<_>, _>>()?;
     if heads.is_empty() {
         return Ok(Vec::new());
     }
 
-    let runs_sql = runs_sql("id", heads.len());
-    let mut query = sqlx::query_as::<_, (String, i64)>(AssertSqlSafe(runs_sql));
-    for head in &heads {
-        query = query
-            .bind(&head.aggregatetype)
-            .bind(&head.aggregateid)
-            .bind(head.n);
-    }
-    let positions: HashMap<String, i64> = query.fetch_all(&mut **txn).await?.into_iter().collect();
+    let positions: HashMap<String, i64> = read_runs::<MySql>(conn, "id", &heads)
+        .await?
+        .iter()
+        .map(<(String, i64)>::from_row)
+        .collect::<Result<_, _>>()?;
     if positions.is_empty() {
         return Ok(Vec::new());
     }
@@ -347,23 +234,12 @@ async fn claim_runs(
     for id in positions.keys() {
         query = query.bind(id);
     }
-    let locked = query.fetch_all(&mut **txn).await?;
+    let locked = query.fetch_all(&mut *conn).await?;
     // A row that cannot be read is dead-lettered in this transaction and
     // left out; the rows of its aggregate after it wait for the next claim
     // (see `source/decode.rs`).
     let decoded = decode::records(&locked)?;
-    for row in &decoded.undecodable {
-        sqlx::query(
-            "UPDATE outbox SET attempts = attempts + 1, last_error = ?, \
-             dead_lettered_at = UTC_TIMESTAMP(6) \
-             WHERE seq = ? AND published_at IS NULL AND dead_lettered_at IS NULL",
-        )
-        .bind(&row.reason)
-        .bind(row.seq)
-        .execute(&mut **txn)
-        .await?;
-        row.log();
-    }
+    park::<MySqlDialect>(conn, &decoded.undecodable, false).await?;
     let rows = decoded
         .rows
         .into_iter()
@@ -375,112 +251,47 @@ async fn claim_runs(
     Ok(in_claim_order(&heads, rows))
 }
 
-async fn dead_letters(pool: &MySqlPool) -> Result<Vec<DeadLetter>, SourceError> {
-    Ok(sqlx::query_as(
-        "SELECT id, aggregatetype, aggregateid, type, attempts, last_error FROM outbox \
-         WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT ?",
-    )
-    .bind(DEAD_LETTERS_SHOWN)
-    .fetch_all(pool)
-    .await?)
-}
-
-/// Why [`owned_shards`] reads the shard rows.
-#[derive(Debug, Clone, Copy)]
-enum ShardCheck {
-    /// At a claim: the shards with a current lease, unlocked, so that no
-    /// renewal or takeover ever waits for a claim (a long send, a paused
-    /// relay); fencing at the mark covers a change of owner meanwhile.
-    Claim,
-    /// At the mark: every shard this instance owns, unlocked, so that a
-    /// relay paused in the middle of its mark holds up no takeover. A
-    /// takeover between the epoch check and the commit is harmless: the
-    /// new owner's claim waits for this claim's row locks and then finds
-    /// the rows marked.
-    Mark,
-}
-
-/// This instance's shards and their epochs.
-async fn owned_shards(
-    txn: &mut Transaction<'static, MySql>,
-    instance: &str,
-    check: ShardCheck,
-) -> Result<Vec<(i64, i64)>, sqlx::Error> {
-    let sql = match check {
-        ShardCheck::Claim => {
-            "SELECT shard, epoch FROM outbox_relay_shard \
-             WHERE owner = ? AND lease_until > UTC_TIMESTAMP(6) ORDER BY shard"
-        }
-        ShardCheck::Mark => {
-            "SELECT shard, epoch FROM outbox_relay_shard WHERE owner = ? ORDER BY shard"
-        }
-    };
-    let rows = sqlx::query(sql)
-        .bind(instance)
-        .fetch_all(&mut **txn)
-        .await?;
-    rows.iter()
-        .map(|row| Ok((i64::from(row.try_get::<i32, _>(0)?), row.try_get(1)?)))
-        .collect()
-}
-
-struct MySqlClaim {
-    txn: Transaction<'static, MySql>,
-    records: Vec<OutboxRecord>,
-    delete_on_publish: bool,
-    fencing: Option<Fencing>,
-}
-
-#[async_trait]
-impl Claim for MySqlClaim {
-    fn records(&self) -> &[OutboxRecord] {
-        &self.records
-    }
-
-    fn lease_valid(&self) -> bool {
-        self.fencing.as_ref().is_none_or(Fencing::lease_valid)
-    }
-
-    async fn settle(mut self: Box<Self>, settlement: &Settlement) -> Result<(), SourceError> {
-        if let Some(fencing) = &self.fencing {
-            fencing
-                .check(&owned_shards(&mut self.txn, &fencing.instance, ShardCheck::Mark).await?)?;
-        }
-        if !settlement.published.is_empty() {
-            let action = if self.delete_on_publish {
-                "DELETE FROM outbox"
-            } else {
-                "UPDATE outbox SET published_at = UTC_TIMESTAMP(6)"
-            };
-            let sql = format!(
-                "{action} WHERE id IN ({})",
-                question_marks(settlement.published.len())
-            );
-            let mut query = sqlx::query(AssertSqlSafe(sql));
-            for id in &settlement.published {
-                query = query.bind(id);
-            }
-            query.execute(&mut *self.txn).await?;
-        }
-        for failed in &settlement.failed {
-            sqlx::query(
-                "UPDATE outbox SET attempts = attempts + 1, last_error = ?, \
-                 dead_lettered_at = CASE WHEN ? THEN UTC_TIMESTAMP(6) END WHERE id = ?",
-            )
-            .bind(&failed.error)
-            .bind(failed.dead_letter)
-            .bind(&failed.id)
-            .execute(&mut *self.txn)
-            .await?;
-        }
-        self.txn.commit().await?;
-        Ok(())
-    }
-}
+/// How claims and `status` read shard ownership, unlocked. At a claim, so
+/// that no renewal or takeover ever waits for a claim (a long send, a
+/// paused relay); fencing at the mark covers a change of owner meanwhile.
+/// At the mark, so that a relay paused in the middle of its mark holds up
+/// no takeover. A takeover between the epoch check and the commit is
+/// harmless: the new owner's claim waits for this claim's row locks and
+/// then finds the rows marked.
+const SHARD_STATEMENTS: ShardStatements = ShardStatements {
+    at_claim: "SELECT shard, epoch FROM outbox_relay_shard \
+         WHERE owner = ? AND lease_until > UTC_TIMESTAMP(6) ORDER BY shard",
+    at_mark: "SELECT shard, epoch FROM outbox_relay_shard WHERE owner = ? ORDER BY shard",
+    owners: "SELECT owner, COUNT(*) AS shards, \
+           CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(lease_until)) AS DOUBLE) / 1e6 \
+             AS lease_expires_in_seconds \
+         FROM outbox_relay_shard WHERE owner IS NOT NULL GROUP BY owner ORDER BY owner",
+};
 
 /// Shard ownership statements on MariaDB and MySQL.
 struct MySqlShardStore {
     pool: MySqlPool,
+}
+
+impl MySqlShardStore {
+    /// A connection of its own, set up as the claims' are: renewals never
+    /// wait for a claim's.
+    async fn connect(
+        pool: &MySqlPool,
+        session: SessionSetup,
+        lease: Duration,
+    ) -> Result<Self, sqlx::Error> {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(lease / 3)
+            .after_connect(move |conn, _meta| {
+                let session = session.clone();
+                Box::pin(async move { session.apply(conn).await })
+            })
+            .connect_with((*pool.connect_options()).clone())
+            .await?;
+        Ok(Self { pool })
+    }
 }
 
 /// `UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND`, bound to a lease.

@@ -22,6 +22,9 @@
 
 use std::collections::HashMap;
 
+use sqlx::{AssertSqlSafe, Database, Encode, Executor, Type};
+
+use super::dialect::ShardScope;
 use super::{AggregateKey, InFlight, RunEnd};
 use crate::record::OutboxRecord;
 
@@ -120,6 +123,76 @@ pub(crate) fn runs_sql(columns: &str, aggregates: usize) -> String {
         .map(|n| format!("{run}{n}"))
         .collect::<Vec<_>>()
         .join(" UNION ALL ")
+}
+
+/// ` AND (aggregatetype, aggregateid) NOT IN (...)` with a `(?, ?)` pair
+/// per excluded aggregate (a `VALUES` list with `values`), or nothing.
+pub(crate) fn exclusion(excluded: usize, values: bool) -> String {
+    if excluded == 0 {
+        return String::new();
+    }
+    let pairs = super::question_mark_pairs(excluded);
+    let list = if values {
+        format!("VALUES {pairs}")
+    } else {
+        pairs
+    };
+    format!(" AND (aggregatetype, aggregateid) NOT IN ({list})")
+}
+
+/// Runs [`head_sql`] with `filter` (from [`exclusion`], then with
+/// `shards` a condition on the shard count and the owned shards).
+pub(crate) async fn read_heads<DB>(
+    conn: &mut DB::Connection,
+    filter: &str,
+    excluded: &[AggregateKey],
+    shards: Option<&ShardScope>,
+    limit: usize,
+) -> Result<Vec<DB::Row>, sqlx::Error>
+where
+    DB: Database,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> u32: Encode<'q, DB> + Type<DB>,
+{
+    let mut query = sqlx::query(AssertSqlSafe(head_sql(filter)));
+    for key in excluded {
+        query = query
+            .bind(key.aggregate_type.as_str())
+            .bind(key.aggregate_id.as_str());
+    }
+    if let Some(shards) = shards {
+        query = query.bind(shards.count);
+        for shard in &shards.owned {
+            query = query.bind(*shard);
+        }
+    }
+    query.bind(limit as i64).fetch_all(conn).await
+}
+
+/// Runs [`runs_sql`] for `heads`, selecting `columns`.
+pub(crate) async fn read_runs<DB>(
+    conn: &mut DB::Connection,
+    columns: &str,
+    heads: &[Head],
+) -> Result<Vec<DB::Row>, sqlx::Error>
+where
+    DB: Database,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+{
+    let mut query = sqlx::query(AssertSqlSafe(runs_sql(columns, heads.len())));
+    for head in heads {
+        query = query
+            .bind(head.aggregatetype.as_str())
+            .bind(head.aggregateid.as_str())
+            .bind(head.n);
+    }
+    query.fetch_all(conn).await
 }
 
 /// Puts `rows` in claim order: aggregate by aggregate in the order of their
@@ -322,7 +395,7 @@ const SETTLED_PER_GENERATION: usize = 50_000;
 /// one, and the one before is forgotten; a forgotten aggregate is looked
 /// up once. Keys are 128-bit hashes of the aggregate.
 #[derive(Debug, Default)]
-pub(crate) struct Settled {
+pub struct Settled {
     generations: std::sync::Mutex<[HashMap<u128, i64>; 2]>,
 }
 

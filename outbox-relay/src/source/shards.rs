@@ -74,7 +74,7 @@ pub fn default_instance_id() -> String {
 
 /// The ownership statements of one database.
 #[async_trait]
-pub(crate) trait ShardStore: Send + Sync {
+pub trait ShardStore: Send + Sync {
     /// Creates the shard rows `0..count`; fails when rows beyond `count`
     /// exist (instances disagree on the shard count).
     async fn prepare(&self, count: u32) -> Result<(), SourceError>;
@@ -108,7 +108,8 @@ pub(crate) trait ShardStore: Send + Sync {
 
 /// A shard taken by [`ShardStore::acquire`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Taken {
+pub struct Taken {
+    /// The shard.
     pub shard: i32,
     /// Its epoch from now on.
     pub epoch: i64,
@@ -173,39 +174,6 @@ impl Membership {
             .iter()
             .map(|(shard, epoch)| (i64::from(*shard), *epoch))
             .collect();
-    }
-}
-
-/// What a sharded claim must still hold when it marks its rows.
-pub(crate) struct Fencing {
-    /// This instance.
-    pub instance: String,
-    /// `(shard, epoch)` pairs held when the batch was claimed.
-    pub owned: Vec<(i64, i64)>,
-    /// This instance's view of its lease.
-    pub membership: Arc<Membership>,
-}
-
-impl Fencing {
-    /// Whether, as this instance knows it, it still holds the claim's
-    /// shards under the same epochs, with a lease covering now.
-    pub fn lease_valid(&self) -> bool {
-        self.membership.holds(Instant::now(), &self.owned)
-    }
-
-    /// Fails with the shards whose owner or epoch changed since the claim.
-    pub fn check(&self, now_owned: &[(i64, i64)]) -> Result<(), SourceError> {
-        let lost: Vec<i64> = self
-            .owned
-            .iter()
-            .filter(|held| !now_owned.contains(held))
-            .map(|(shard, _)| *shard)
-            .collect();
-        if lost.is_empty() {
-            Ok(())
-        } else {
-            Err(SourceError::Fenced(lost))
-        }
     }
 }
 
@@ -367,20 +335,6 @@ mod tests {
         membership.renewed(now, Duration::from_secs(10), &[(1, 4), (2, 11)]);
         assert!(!membership.holds(now, &[(2, 9)]));
         assert!(membership.holds(now, &[(1, 4)]));
-    }
-
-    #[test]
-    fn a_changed_epoch_fences_the_mark() {
-        let fencing = Fencing {
-            instance: "me".into(),
-            owned: vec![(0, 3), (1, 7)],
-            membership: Arc::default(),
-        };
-        assert!(fencing.check(&[(0, 3), (1, 7), (2, 1)]).is_ok());
-        match fencing.check(&[(0, 3), (1, 8)]) {
-            Err(SourceError::Fenced(lost)) => assert_eq!(lost, [1]),
-            other => panic!("expected fencing, got {other:?}"),
-        }
     }
 
     #[test]

@@ -1,0 +1,253 @@
+//! PostgreSQL: claims inside a transaction held until the batch is
+//! settled, and wakes on `LISTEN outbox` with the poll interval as
+//! fallback.
+//!
+//! The migration's trigger notifies only while a relay waits, so that
+//! writers pay for no notification while every relay is busy (or none
+//! runs). A waiting relay holds shared advisory locks on the wake-up slots
+//! ([`WAKE_LOCK_KEY`], 0 to [`WAKE_SLOTS`] - 1); an inserting statement
+//! tries the exclusive lock of one slot, held until its transaction ends,
+//! and notifies when the try fails. Before its last claim, a relay about to
+//! wait takes the slots, which waits for the writers holding them: every
+//! row committed after that claim either comes from a writer the claim
+//! waited for, or was notified.
+//!
+//! A claim takes each aggregate's rows in `aggregate_seq` order (see
+//! `source/runs.rs`) in two statements: the oldest pending rows (nothing
+//! locked), then the rows the plan takes, locked with a plain `FOR UPDATE`
+//! as they are read. With shard ownership (the relay's mode), it first
+//! reads this instance's shard rows (`FOR KEY SHARE`). It waits (up to a
+//! lock timeout) for rows another claim still holds, such as a previous
+//! owner's, never skipping them, since skipping would let a later event of
+//! the same aggregate overtake.
+
+mod claim;
+mod shards;
+mod wakeup;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgQueryResult, PgRow};
+use sqlx::{FromRow, Postgres};
+use tokio::sync::Mutex;
+
+use super::dialect::{ClaimRequest, Dialect, ShardStatements};
+use super::runs::Settled;
+use super::shards::{ShardConfig, ShardStore};
+use super::{DeadLetter, FailedRow, SourceError, SourceOptions, SqlSource, TypeBacklog};
+use crate::database::DatabaseUrl;
+use crate::record::OutboxRecord;
+
+pub use wakeup::{WAKE_LOCK_KEY, WAKE_SLOTS, take_wake_slots_sql};
+
+/// Pending rows of a PostgreSQL database.
+pub type PostgresSource = SqlSource<PgDialect>;
+
+/// PostgreSQL's part of a [`PostgresSource`]: the claim's plan (see
+/// `source/runs.rs`), the wake-up listener and the row locks.
+pub struct PgDialect {
+    listener: Mutex<Option<wakeup::Listener>>,
+    /// Where the aggregates this relay settled continue.
+    settled: Arc<Settled>,
+}
+
+impl PostgresSource {
+    /// Marks rows published outside a claim (CDC mode reads them from the
+    /// write-ahead log), or deletes them with `--delete-on-publish`. Rows
+    /// already gone, such as those of the insert+delete idiom, are skipped.
+    pub async fn mark_published(&self, ids: &[String]) -> Result<(), SourceError> {
+        mark_published(self.pool(), ids, self.delete_on_publish()).await
+    }
+}
+
+#[async_trait]
+impl Dialect for PgDialect {
+    type Db = Postgres;
+    type Age = f64;
+
+    async fn connect(
+        url: &DatabaseUrl,
+        options: &SourceOptions,
+    ) -> Result<(PgPool, Self), sqlx::Error> {
+        // Every session of the relay carries its instance id (unless the
+        // URL names the application), so that an instance taking over
+        // shards whose owner stopped renewing can end that owner's sessions
+        // and free the rows they hold.
+        let mut connect_options = url.as_str().parse::<PgConnectOptions>()?;
+        if connect_options.get_application_name().is_none() {
+            let application_name = options
+                .shards
+                .as_ref()
+                .map_or("outbox-relay", |shards| shards.instance.as_str());
+            connect_options = connect_options.application_name(application_name);
+        }
+        let pool = PgPoolOptions::new()
+            // Two open claims (one at the broker, one claimed ahead), and
+            // retention and backlog sampling; the listener and the shard
+            // heartbeat have connections of their own.
+            .max_connections(6)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(connect_options)
+            .await?;
+        let dialect = Self {
+            listener: Mutex::new(None),
+            settled: Arc::default(),
+        };
+        Ok((pool, dialect))
+    }
+
+    async fn shard_store(
+        &self,
+        pool: &PgPool,
+        config: &ShardConfig,
+    ) -> Result<Option<Arc<dyn ShardStore>>, sqlx::Error> {
+        Ok(Some(Arc::new(
+            shards::PgShardStore::connect(pool, config).await?,
+        )))
+    }
+
+    const SHARDS: Option<ShardStatements> = Some(shards::STATEMENTS);
+
+    const CLAIMS_AHEAD: bool = true;
+
+    async fn begin_claim(
+        conn: &mut PgConnection,
+        sharding: Option<&ShardConfig>,
+    ) -> Result<(), sqlx::Error> {
+        claim::begin(conn, sharding).await
+    }
+
+    async fn claim(
+        source: &PostgresSource,
+        conn: &mut PgConnection,
+        request: &ClaimRequest<'_>,
+    ) -> Result<Vec<OutboxRecord>, SourceError> {
+        let records = claim::claim(conn, request, &source.dialect().settled).await?;
+        if !records.is_empty() {
+            source.dialect().stop_watching().await;
+        }
+        Ok(records)
+    }
+
+    async fn wait_for_rows(source: &PostgresSource, timeout: Duration) {
+        source.dialect().wait_for_rows(source, timeout).await;
+    }
+
+    /// The ids are bound as uuid[] and joined through unnest: a text[]
+    /// compared with `= ANY` lets a generic plan, made while the table
+    /// was small or unanalyzed, scan the table and cast per row.
+    async fn mark_published(
+        conn: &mut PgConnection,
+        ids: &[String],
+        delete: bool,
+    ) -> Result<(), SourceError> {
+        mark_published(conn, ids, delete).await
+    }
+
+    async fn record_failures(
+        conn: &mut PgConnection,
+        failed: &[FailedRow],
+    ) -> Result<(), SourceError> {
+        let ids = uuids(failed.iter().map(|row| &row.id))?;
+        let errors: Vec<&str> = failed.iter().map(|row| row.error.as_str()).collect();
+        let dead: Vec<bool> = failed.iter().map(|row| row.dead_letter).collect();
+        sqlx::query(
+            "UPDATE outbox AS o SET attempts = o.attempts + 1, last_error = f.error, \
+             dead_lettered_at = CASE WHEN f.dead THEN now() END \
+             FROM unnest($1::uuid[], $2::text[], $3::bool[]) AS f(id, error, dead) \
+             WHERE o.id = f.id",
+        )
+        .bind(&ids)
+        .bind(&errors)
+        .bind(&dead)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    fn settled(&self) -> Option<&Arc<Settled>> {
+        Some(&self.settled)
+    }
+
+    fn rows_affected(result: &PgQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn placeholder(n: usize) -> String {
+        format!("${n}")
+    }
+
+    const NOW: &'static str = "now()";
+
+    const DELETE_PUBLISHED: &'static str = "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox \
+         WHERE published_at < now() - make_interval(secs => $1) \
+         ORDER BY published_at LIMIT $2)";
+
+    fn age(older_than: Duration) -> f64 {
+        older_than.as_secs_f64()
+    }
+
+    const BACKLOG: &'static str = "SELECT COUNT(*), \
+           EXTRACT(EPOCH FROM now() - MIN(created_at) FILTER (WHERE isfinite(created_at)))::float8 \
+         FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL";
+
+    const DEAD_LETTER_COUNT: &'static str =
+        "SELECT COUNT(*) FROM outbox WHERE dead_lettered_at IS NOT NULL";
+
+    const PENDING_BY_TYPE: &'static str = "SELECT aggregatetype, COUNT(*) AS pending, \
+           EXTRACT(EPOCH FROM now() - MIN(created_at) FILTER (WHERE isfinite(created_at)))::float8 \
+             AS oldest_pending_age_seconds \
+         FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
+         GROUP BY aggregatetype ORDER BY 2 DESC, 1 LIMIT 50";
+
+    const DEAD_LETTERS: &'static str = "SELECT id::text AS id, aggregatetype, aggregateid, type, \
+           attempts, last_error FROM outbox \
+         WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT $1";
+
+    fn type_backlog(row: &PgRow) -> Result<TypeBacklog, sqlx::Error> {
+        TypeBacklog::from_row(row)
+    }
+
+    fn dead_letter(row: &PgRow) -> Result<DeadLetter, sqlx::Error> {
+        DeadLetter::from_row(row)
+    }
+
+    const ID_AS_TEXT: &'static str = "id::text";
+
+    fn redrive_sql(filter: &str, limit: u64) -> String {
+        format!(
+            "UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 \
+             WHERE id IN (SELECT id FROM outbox WHERE {filter} LIMIT {limit})"
+        )
+    }
+}
+
+/// Marks the rows `ids` published, or deletes them with `delete`.
+async fn mark_published<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    ids: &[String],
+    delete: bool,
+) -> Result<(), SourceError> {
+    let sql = if delete {
+        "DELETE FROM outbox AS o USING unnest($1::uuid[]) AS p(id) WHERE o.id = p.id"
+    } else {
+        "UPDATE outbox AS o SET published_at = now() \
+         FROM unnest($1::uuid[]) AS p(id) WHERE o.id = p.id"
+    };
+    sqlx::query(sql)
+        .bind(uuids(ids.iter())?)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// Claimed ids (read as `id::text`) back as UUIDs.
+fn uuids<'a>(ids: impl Iterator<Item = &'a String>) -> Result<Vec<uuid::Uuid>, SourceError> {
+    ids.map(|id| {
+        uuid::Uuid::parse_str(id)
+            .map_err(|error| SourceError::Query(sqlx::Error::Decode(Box::new(error))))
+    })
+    .collect()
+}

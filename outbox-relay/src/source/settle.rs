@@ -1,0 +1,149 @@
+//! Settling a claim: once the sink has answered, the claim re-checks its
+//! shards (fencing), marks the published rows (or deletes them), records
+//! the failures and commits, all in the claim's transaction where it holds
+//! one; nothing is marked when any step fails.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sqlx::{AssertSqlSafe, Database, Encode, Pool, Transaction, Type};
+
+use super::dialect::{Connection, DbRow, Dialect};
+use super::fencing::{Fencing, owned_shards};
+use super::runs::Settled;
+use super::{Claim, FailedRow, Settlement, SourceError};
+use crate::record::OutboxRecord;
+
+/// A claim of a [`super::SqlSource`].
+pub(crate) struct SqlClaim<D: Dialect> {
+    /// The transaction holding the rows, or `None` where the settle opens
+    /// one of its own ([`Dialect::HOLDS_CLAIMS`]).
+    pub txn: Option<Transaction<'static, D::Db>>,
+    pub pool: Pool<D::Db>,
+    pub records: Vec<OutboxRecord>,
+    pub delete_on_publish: bool,
+    pub fencing: Option<Fencing>,
+    /// Told where each aggregate continues once the settle committed.
+    pub settled: Option<Arc<Settled>>,
+}
+
+#[async_trait]
+impl<D: Dialect> Claim for SqlClaim<D>
+where
+    for<'c> &'c mut Connection<D>: sqlx::Executor<'c, Database = D::Db>,
+    <D::Db as sqlx::Database>::Arguments: sqlx::IntoArguments<D::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> i32: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> f64: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> String: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    usize: sqlx::ColumnIndex<DbRow<D>>,
+    for<'a> &'a str: sqlx::ColumnIndex<DbRow<D>>,
+{
+    fn records(&self) -> &[OutboxRecord] {
+        &self.records
+    }
+
+    fn lease_valid(&self) -> bool {
+        self.fencing.as_ref().is_none_or(Fencing::lease_valid)
+    }
+
+    async fn settle(self: Box<Self>, settlement: &Settlement) -> Result<(), SourceError> {
+        let this = *self;
+        let mut txn = match this.txn {
+            Some(txn) => txn,
+            None if settlement.is_empty() => return Ok(()),
+            None => this.pool.begin().await?,
+        };
+        if let Some(fencing) = &this.fencing {
+            fencing.check(&owned_shards(&mut *txn, fencing.at_mark, &fencing.instance).await?)?;
+        }
+        if !settlement.published.is_empty() {
+            D::mark_published(&mut txn, &settlement.published, this.delete_on_publish).await?;
+        }
+        if !settlement.failed.is_empty() {
+            D::record_failures(&mut txn, &settlement.failed).await?;
+        }
+        txn.commit().await?;
+        if let Some(settled) = &this.settled {
+            settled_rows(settled, &this.records, settlement);
+        }
+        Ok(())
+    }
+}
+
+/// Records in `settled` where each aggregate of a committed settlement
+/// continues.
+fn settled_rows(settled: &Settled, records: &[OutboxRecord], settlement: &Settlement) {
+    let done: HashSet<&str> = settlement
+        .published
+        .iter()
+        .map(String::as_str)
+        .chain(
+            settlement
+                .failed
+                .iter()
+                .filter(|row| row.dead_letter)
+                .map(|row| row.id.as_str()),
+        )
+        .collect();
+    settled.record(records, |record| !done.contains(record.id.as_str()));
+}
+
+/// Marks the rows `ids` with `action` (`UPDATE outbox SET ...` or `DELETE
+/// FROM outbox`) by `id IN (?, ...)` lists of at most `chunk` ids.
+pub(crate) async fn mark_listed<DB>(
+    conn: &mut DB::Connection,
+    action: &str,
+    ids: &[String],
+    chunk: usize,
+) -> Result<(), SourceError>
+where
+    DB: Database,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+{
+    for ids in ids.chunks(chunk) {
+        let sql = format!(
+            "{action} WHERE id IN ({})",
+            super::question_marks(ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for id in ids {
+            query = query.bind(id.as_str());
+        }
+        query.execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// Records each failure with its own statement, `now` timing the dead
+/// letters (`?` placeholders).
+pub(crate) async fn record_each<DB>(
+    conn: &mut DB::Connection,
+    now: &str,
+    failed: &[FailedRow],
+) -> Result<(), SourceError>
+where
+    DB: Database,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> bool: Encode<'q, DB> + Type<DB>,
+{
+    let sql = format!(
+        "UPDATE outbox SET attempts = attempts + 1, last_error = ?, \
+         dead_lettered_at = CASE WHEN ? THEN {now} END WHERE id = ?"
+    );
+    for failed in failed {
+        sqlx::query(AssertSqlSafe(sql.as_str()))
+            .bind(failed.error.as_str())
+            .bind(failed.dead_letter)
+            .bind(failed.id.as_str())
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}

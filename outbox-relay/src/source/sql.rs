@@ -1,0 +1,318 @@
+//! [`SqlSource`]: the source every SQL database shares. It connects and
+//! joins shard ownership, drives each claim (transaction, shards, the
+//! database's own claim, fencing) and answers `status`, retention and
+//! re-drive with its [`Dialect`]'s statements.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, Pool, Transaction};
+
+use super::dialect::{ClaimRequest, Connection, DbRow, Dialect, ShardScope, ShardStatements};
+use super::fencing::{Fencing, owned_shards};
+use super::settle::SqlClaim;
+use super::shards::{self, Membership, ShardConfig, ShardStore};
+use super::{
+    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, InFlight, Source as _, SourceError,
+    SourceOptions, Status, missing_table, owners_or_none, redrive_filter,
+};
+use crate::database::DatabaseUrl;
+use crate::redact::redact_url;
+
+/// Pending rows of a SQL database, claimed and settled the way its
+/// [`Dialect`] words it.
+pub struct SqlSource<D: Dialect> {
+    pool: Pool<D::Db>,
+    dialect: D,
+    delete_on_publish: bool,
+    sharding: Option<Sharding>,
+    /// With shards: whether the last claim found this instance owning none
+    /// (a standby).
+    owns_no_shard: AtomicBool,
+}
+
+/// This instance's part in shard ownership.
+struct Sharding {
+    config: ShardConfig,
+    statements: ShardStatements,
+    store: Arc<dyn ShardStore>,
+    membership: Arc<Membership>,
+    heartbeat: tokio::task::JoinHandle<()>,
+}
+
+impl<D: Dialect> SqlSource<D>
+where
+    for<'c> &'c mut Connection<D>: sqlx::Executor<'c, Database = D::Db>,
+    <D::Db as sqlx::Database>::Arguments: sqlx::IntoArguments<D::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> i32: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> f64: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> String: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    usize: sqlx::ColumnIndex<DbRow<D>>,
+    for<'a> &'a str: sqlx::ColumnIndex<DbRow<D>>,
+{
+    /// Connects, checks that the server answers and, with shards
+    /// configured, joins their ownership (which needs the outbox table).
+    pub async fn connect(url: &str, options: SourceOptions) -> Result<Self, SourceError> {
+        let connect_error = |source| SourceError::Connect {
+            url: redact_url(url),
+            source,
+        };
+        let database = DatabaseUrl::parse(url)?;
+        let (pool, dialect) = D::connect(&database, &options)
+            .await
+            .map_err(connect_error)?;
+        let mut source = Self {
+            pool,
+            dialect,
+            delete_on_publish: options.delete_on_publish,
+            sharding: None,
+            owns_no_shard: AtomicBool::new(false),
+        };
+        if let (Some(config), Some(statements)) = (options.shards, D::SHARDS) {
+            source.check_table().await?;
+            if let Some(store) = source
+                .dialect
+                .shard_store(&source.pool, &config)
+                .await
+                .map_err(connect_error)?
+            {
+                let (membership, heartbeat) = shards::join(store.clone(), config.clone()).await?;
+                source.sharding = Some(Sharding {
+                    config,
+                    statements,
+                    store,
+                    membership,
+                    heartbeat,
+                });
+            }
+        }
+        Ok(source)
+    }
+
+    /// [`SqlSource::connect`], then checks the outbox table: a missing one
+    /// is named as such.
+    pub async fn open(url: &str, options: SourceOptions) -> Result<Self, SourceError> {
+        let source = Self::connect(url, options)
+            .await
+            .map_err(|error| missing_table(url, error))?;
+        source
+            .check_table()
+            .await
+            .map_err(|error| missing_table(url, error))?;
+        Ok(source)
+    }
+
+    /// The connection pool, for statements outside the row claims.
+    pub fn pool(&self) -> &Pool<D::Db> {
+        &self.pool
+    }
+
+    /// This database's own state.
+    pub fn dialect(&self) -> &D {
+        &self.dialect
+    }
+
+    /// Whether the last claim found this instance owning no shard.
+    pub fn owns_no_shard(&self) -> bool {
+        self.owns_no_shard.load(Ordering::Relaxed)
+    }
+
+    /// Whether settled rows are deleted rather than marked.
+    pub fn delete_on_publish(&self) -> bool {
+        self.delete_on_publish
+    }
+
+    /// Claims up to `limit` rows, leaving out the `excluded` aggregates
+    /// and continuing each aggregate of `in_flight` after its rows there.
+    async fn claim_rows(
+        &self,
+        limit: usize,
+        excluded: &[AggregateKey],
+        in_flight: &InFlight,
+    ) -> Result<Box<dyn Claim>, SourceError> {
+        let mut txn: Option<Transaction<'static, D::Db>> = None;
+        let mut pooled: Option<PoolConnection<D::Db>> = None;
+        let conn: &mut Connection<D> = if D::HOLDS_CLAIMS {
+            txn.insert(self.pool.begin().await?)
+        } else {
+            pooled.insert(self.pool.acquire().await?)
+        };
+        let sharding = self.sharding.as_ref();
+        D::begin_claim(conn, sharding.map(|sharding| &sharding.config)).await?;
+        let mut owned = Vec::new();
+        let mut shards = None;
+        if let Some(sharding) = sharding {
+            owned = owned_shards(
+                &mut *conn,
+                sharding.statements.at_claim,
+                &sharding.config.instance,
+            )
+            .await?;
+            self.owns_no_shard
+                .store(owned.is_empty(), Ordering::Relaxed);
+            shards = Some(ShardScope {
+                count: sharding.config.count,
+                owned: owned.iter().map(|(shard, _)| *shard).collect(),
+            });
+        }
+        let records = if shards.as_ref().is_some_and(|scope| scope.owned.is_empty()) {
+            Vec::new()
+        } else {
+            let request = ClaimRequest {
+                limit,
+                excluded,
+                in_flight,
+                shards,
+            };
+            D::claim(self, conn, &request).await?
+        };
+        drop(pooled);
+        Ok(Box::new(SqlClaim::<D> {
+            txn,
+            pool: self.pool.clone(),
+            records,
+            delete_on_publish: self.delete_on_publish,
+            fencing: self.sharding.as_ref().map(|sharding| Fencing {
+                instance: sharding.config.instance.clone(),
+                at_mark: sharding.statements.at_mark,
+                owned,
+                membership: sharding.membership.clone(),
+            }),
+            settled: self.dialect.settled().cloned(),
+        }))
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> super::Source for SqlSource<D>
+where
+    for<'c> &'c mut Connection<D>: sqlx::Executor<'c, Database = D::Db>,
+    <D::Db as sqlx::Database>::Arguments: sqlx::IntoArguments<D::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> i32: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> f64: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    for<'q> String: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
+    usize: sqlx::ColumnIndex<DbRow<D>>,
+    for<'a> &'a str: sqlx::ColumnIndex<DbRow<D>>,
+{
+    async fn check_table(&self) -> Result<(), SourceError> {
+        sqlx::query("SELECT 1 FROM outbox LIMIT 1")
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn claim(
+        &self,
+        limit: usize,
+        excluded: &[AggregateKey],
+    ) -> Result<Box<dyn Claim>, SourceError> {
+        self.claim_rows(limit, excluded, &InFlight::default()).await
+    }
+
+    async fn claim_ahead(
+        &self,
+        limit: usize,
+        excluded: &[AggregateKey],
+        in_flight: &InFlight,
+    ) -> Result<Option<Box<dyn Claim>>, SourceError> {
+        if !D::CLAIMS_AHEAD {
+            return Ok(None);
+        }
+        self.claim_rows(limit, excluded, in_flight).await.map(Some)
+    }
+
+    async fn wait_for_rows(&self, timeout: Duration) {
+        D::wait_for_rows(self, timeout).await;
+    }
+
+    async fn delete_published(&self, older_than: Duration, limit: u64) -> Result<u64, SourceError> {
+        let deleted = sqlx::query(D::DELETE_PUBLISHED)
+            .bind(D::age(older_than))
+            .bind(limit as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(D::rows_affected(&deleted))
+    }
+
+    async fn backlog(&self) -> Result<Backlog, SourceError> {
+        let (pending, oldest_pending_age_seconds): (i64, Option<f64>) =
+            sqlx::query_as(D::BACKLOG).fetch_one(&self.pool).await?;
+        let dead_letters: i64 = sqlx::query_scalar(D::DEAD_LETTER_COUNT)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(Backlog {
+            pending,
+            oldest_pending_age_seconds,
+            dead_letters,
+        })
+    }
+
+    async fn status(&self) -> Result<Status, SourceError> {
+        let published: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE published_at IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await?;
+        let pending_by_type = sqlx::query(D::PENDING_BY_TYPE)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(D::type_backlog)
+            .collect::<Result<_, _>>()?;
+        let shard_owners = match D::SHARDS {
+            Some(shards) => {
+                owners_or_none(sqlx::query_as(shards.owners).fetch_all(&self.pool).await)?
+            }
+            None => Vec::new(),
+        };
+        let dead_letter_rows = sqlx::query(D::DEAD_LETTERS)
+            .bind(DEAD_LETTERS_SHOWN)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(D::dead_letter)
+            .collect::<Result<_, _>>()?;
+        Ok(Status {
+            backlog: self.backlog().await?,
+            published,
+            pending_by_type,
+            dead_letter_rows,
+            shard_owners,
+        })
+    }
+
+    async fn redrive(
+        &self,
+        ids: &[String],
+        aggregate_type: Option<&str>,
+        limit: u64,
+    ) -> Result<u64, SourceError> {
+        let filter = redrive_filter(
+            D::ID_AS_TEXT,
+            ids.len(),
+            aggregate_type.is_some(),
+            D::placeholder,
+        );
+        let mut query = sqlx::query(AssertSqlSafe(D::redrive_sql(&filter, limit)));
+        for id in ids {
+            query = query.bind(id.as_str());
+        }
+        if let Some(aggregate_type) = aggregate_type {
+            query = query.bind(aggregate_type);
+        }
+        Ok(D::rows_affected(&query.execute(&self.pool).await?))
+    }
+
+    async fn close(&self) {
+        if let Some(sharding) = &self.sharding {
+            sharding.heartbeat.abort();
+            shards::leave(sharding.store.as_ref(), &sharding.config).await;
+        }
+    }
+}
