@@ -9,7 +9,7 @@ use sqlx::{AssertSqlSafe, Encode, Type};
 
 use super::SourceError;
 use super::decode::Undecodable;
-use super::dialect::{Connection, Dialect};
+use super::dialect::{Connection, Dialect, RowsAffected};
 
 /// Builds the `WHERE` filter of a re-drive: `dead_lettered_at IS NOT NULL`
 /// plus an id list (compared as `id_text`, the id as text) and an aggregate
@@ -39,7 +39,7 @@ pub(crate) fn redrive_filter(
 /// or with `whole_aggregate` every pending row sharing its aggregate key
 /// (a key that cannot be read).
 fn park_sql<D: Dialect>(whole_aggregate: bool) -> String {
-    let seq = D::placeholder(2);
+    let seq = D::PLACEHOLDERS.nth(2);
     let rows = if whole_aggregate {
         format!(
             "(aggregatetype, aggregateid) = \
@@ -51,7 +51,7 @@ fn park_sql<D: Dialect>(whole_aggregate: bool) -> String {
     format!(
         "UPDATE outbox SET attempts = attempts + 1, last_error = {}, dead_lettered_at = {} \
          WHERE {rows} AND published_at IS NULL AND dead_lettered_at IS NULL",
-        D::placeholder(1),
+        D::PLACEHOLDERS.nth(1),
         D::NOW,
     )
 }
@@ -75,13 +75,12 @@ where
     let sql = park_sql::<D>(whole_aggregate);
     let mut parked = 0;
     for row in rows {
-        parked += D::rows_affected(
-            &sqlx::query(AssertSqlSafe(sql.as_str()))
-                .bind(row.reason.as_str())
-                .bind(row.seq)
-                .execute(&mut *conn)
-                .await?,
-        );
+        parked += sqlx::query(AssertSqlSafe(sql.as_str()))
+            .bind(row.reason.as_str())
+            .bind(row.seq)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
     }
     rows.iter().for_each(Undecodable::log);
     Ok(parked)

@@ -17,11 +17,10 @@ use async_trait::async_trait;
 use sqlx::{Database, Encode, Pool, Type};
 
 use super::runs::Settled;
+use super::settle::Marking;
 use super::shards::{ShardConfig, ShardStore};
-use super::{
-    AggregateKey, DeadLetter, FailedRow, InFlight, SourceError, SourceOptions, SqlSource,
-    TypeBacklog,
-};
+use super::status::StatusRows;
+use super::{AggregateKey, InFlight, SourceError, SourceOptions, SqlSource};
 use crate::database::DatabaseUrl;
 use crate::record::OutboxRecord;
 
@@ -32,12 +31,19 @@ pub type Connection<D> = <<D as Dialect>::Db as Database>::Connection;
 pub type DbRow<D> = <<D as Dialect>::Db as Database>::Row;
 
 /// One SQL database behind [`SqlSource`]. Statements name their bind
-/// parameters as [`Dialect::placeholder`] does; each documents them in
+/// parameters as [`Dialect::PLACEHOLDERS`] says; each documents them in
 /// order.
 #[async_trait]
 pub trait Dialect: Sized + Send + Sync + 'static {
     /// The sqlx driver.
-    type Db: Database;
+    type Db: Database<QueryResult: RowsAffected>;
+
+    /// How a claim's rows are marked when it is settled.
+    type Marking: Marking<Self>;
+
+    /// How `status` reads the rows of [`Dialect::PENDING_BY_TYPE`] and
+    /// [`Dialect::DEAD_LETTERS`].
+    type StatusRows: StatusRows<Self::Db>;
 
     /// How a retention age is bound in [`Dialect::DELETE_PUBLISHED`].
     type Age: for<'q> Encode<'q, Self::Db> + Type<Self::Db> + Send;
@@ -101,31 +107,14 @@ pub trait Dialect: Sized + Send + Sync + 'static {
         tokio::time::sleep(timeout).await;
     }
 
-    /// Marks the rows `ids` published, or deletes them with `delete`.
-    async fn mark_published(
-        conn: &mut Connection<Self>,
-        ids: &[String],
-        delete: bool,
-    ) -> Result<(), SourceError>;
-
-    /// Adds a failed attempt with its error to each row, parking those
-    /// marked dead-lettered.
-    async fn record_failures(
-        conn: &mut Connection<Self>,
-        failed: &[FailedRow],
-    ) -> Result<(), SourceError>;
-
     /// Where aggregates continue after this relay's settled claims, when
     /// the claims use it.
     fn settled(&self) -> Option<&Arc<Settled>> {
         None
     }
 
-    /// How many rows a statement changed.
-    fn rows_affected(result: &<Self::Db as Database>::QueryResult) -> u64;
-
-    /// The bind parameter `n` (1-based).
-    fn placeholder(n: usize) -> String;
+    /// How statements name their bind parameters.
+    const PLACEHOLDERS: Placeholders = Placeholders::QuestionMarks;
 
     /// The time now, in the form of the table's timestamps.
     const NOW: &'static str;
@@ -143,18 +132,12 @@ pub trait Dialect: Sized + Send + Sync + 'static {
     /// Dead-lettered rows.
     const DEAD_LETTER_COUNT: &'static str;
 
-    /// Pending rows per aggregate type, read by [`Dialect::type_backlog`].
+    /// Pending rows per aggregate type, read by [`StatusRows::type_backlog`].
     const PENDING_BY_TYPE: &'static str;
 
-    /// The oldest dead letters, read by [`Dialect::dead_letter`]
+    /// The oldest dead letters, read by [`StatusRows::dead_letter`]
     /// (parameter: how many).
     const DEAD_LETTERS: &'static str;
-
-    /// A row of [`Dialect::PENDING_BY_TYPE`].
-    fn type_backlog(row: &DbRow<Self>) -> Result<TypeBacklog, sqlx::Error>;
-
-    /// A row of [`Dialect::DEAD_LETTERS`].
-    fn dead_letter(row: &DbRow<Self>) -> Result<DeadLetter, sqlx::Error>;
 
     /// The row id as text, compared with the ids given to a re-drive.
     const ID_AS_TEXT: &'static str;
@@ -198,4 +181,47 @@ pub struct ShardStatements {
     /// Relays owning shards: owner, shards, seconds until the earliest
     /// lease expires.
     pub owners: &'static str,
+}
+
+/// How a database names its bind parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placeholders {
+    /// `?` each (MariaDB/MySQL, SQLite).
+    QuestionMarks,
+    /// `$1`, `$2`, ... (PostgreSQL).
+    Numbered,
+}
+
+impl Placeholders {
+    /// The bind parameter `n` (1-based).
+    pub fn nth(self, n: usize) -> String {
+        match self {
+            Self::QuestionMarks => "?".to_owned(),
+            Self::Numbered => format!("${n}"),
+        }
+    }
+}
+
+/// How many rows a statement changed, as every driver's result says it.
+pub trait RowsAffected {
+    /// The rows the statement inserted, changed or deleted.
+    fn rows_affected(&self) -> u64;
+}
+
+impl RowsAffected for sqlx::postgres::PgQueryResult {
+    fn rows_affected(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+impl RowsAffected for sqlx::mysql::MySqlQueryResult {
+    fn rows_affected(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+impl RowsAffected for sqlx::sqlite::SqliteQueryResult {
+    fn rows_affected(&self) -> u64 {
+        self.rows_affected()
+    }
 }

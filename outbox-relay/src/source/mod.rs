@@ -19,6 +19,7 @@ mod settle;
 pub mod shards;
 mod sql;
 pub mod sqlite;
+mod status;
 
 use std::time::{Duration, Instant};
 
@@ -32,7 +33,9 @@ pub(crate) use dead_letters::redrive_filter;
 pub use dialect::Dialect;
 pub(crate) use runs::RunRow;
 pub use runs::Settled;
+pub use settle::{IdLists, Marking};
 pub use sql::SqlSource;
+pub use status::{StatusRows, Typed};
 
 /// How rows are claimed and settled.
 #[derive(Debug, Clone, Default)]

@@ -18,19 +18,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlQueryResult, MySqlRow};
+use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, FromRow, MySql};
 
 use super::dead_letters::park;
 use super::decode;
 use super::dialect::{ClaimRequest, Dialect, ShardStatements};
 use super::runs::{Head, exclusion, in_claim_order, read_heads, read_runs};
-use super::settle::{mark_listed, record_each};
 use super::shards::{ShardConfig, ShardStore, Taken};
-use super::{
-    DeadLetter, FailedRow, RunRow, SourceError, SourceOptions, SqlSource, TypeBacklog,
-    question_marks,
-};
+use super::{IdLists, RunRow, SourceError, SourceOptions, SqlSource, Typed, question_marks};
 use crate::database::DatabaseUrl;
 use crate::record::OutboxRecord;
 
@@ -59,6 +55,8 @@ pub struct MySqlDialect {
 impl Dialect for MySqlDialect {
     type Db = MySql;
     type Age = u64;
+    type Marking = IdLists<{ usize::MAX }>;
+    type StatusRows = Typed;
 
     /// A small pool whose sessions use UTC and READ COMMITTED.
     async fn connect(
@@ -118,34 +116,6 @@ impl Dialect for MySqlDialect {
         claim_runs(conn, &filter, request, lock).await
     }
 
-    async fn mark_published(
-        conn: &mut MySqlConnection,
-        ids: &[String],
-        delete: bool,
-    ) -> Result<(), SourceError> {
-        let action = if delete {
-            "DELETE FROM outbox"
-        } else {
-            "UPDATE outbox SET published_at = UTC_TIMESTAMP(6)"
-        };
-        mark_listed::<MySql>(conn, action, ids, usize::MAX).await
-    }
-
-    async fn record_failures(
-        conn: &mut MySqlConnection,
-        failed: &[FailedRow],
-    ) -> Result<(), SourceError> {
-        record_each::<MySql>(conn, Self::NOW, failed).await
-    }
-
-    fn rows_affected(result: &MySqlQueryResult) -> u64 {
-        result.rows_affected()
-    }
-
-    fn placeholder(_: usize) -> String {
-        "?".to_owned()
-    }
-
     const NOW: &'static str = "UTC_TIMESTAMP(6)";
 
     const DELETE_PUBLISHED: &'static str = "DELETE FROM outbox WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
@@ -171,14 +141,6 @@ impl Dialect for MySqlDialect {
 
     const DEAD_LETTERS: &'static str = "SELECT id, aggregatetype, aggregateid, type, attempts, last_error FROM outbox \
          WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT ?";
-
-    fn type_backlog(row: &MySqlRow) -> Result<TypeBacklog, sqlx::Error> {
-        TypeBacklog::from_row(row)
-    }
-
-    fn dead_letter(row: &MySqlRow) -> Result<DeadLetter, sqlx::Error> {
-        DeadLetter::from_row(row)
-    }
 
     const ID_AS_TEXT: &'static str = "id";
 

@@ -60,10 +60,11 @@ where
             fencing.check(&owned_shards(&mut *txn, fencing.at_mark, &fencing.instance).await?)?;
         }
         if !settlement.published.is_empty() {
-            D::mark_published(&mut txn, &settlement.published, this.delete_on_publish).await?;
+            D::Marking::mark_published(&mut txn, &settlement.published, this.delete_on_publish)
+                .await?;
         }
         if !settlement.failed.is_empty() {
-            D::record_failures(&mut txn, &settlement.failed).await?;
+            D::Marking::record_failures(&mut txn, &settlement.failed).await?;
         }
         txn.commit().await?;
         if let Some(settled) = &this.settled {
@@ -91,59 +92,77 @@ fn settled_rows(settled: &Settled, records: &[OutboxRecord], settlement: &Settle
     settled.record(records, |record| !done.contains(record.id.as_str()));
 }
 
-/// Marks the rows `ids` with `action` (`UPDATE outbox SET ...` or `DELETE
-/// FROM outbox`) by `id IN (?, ...)` lists of at most `chunk` ids.
-pub(crate) async fn mark_listed<DB>(
-    conn: &mut DB::Connection,
-    action: &str,
-    ids: &[String],
-    chunk: usize,
-) -> Result<(), SourceError>
-where
-    DB: Database,
-    DB::Arguments: sqlx::IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
-{
-    for ids in ids.chunks(chunk) {
-        let sql = format!(
-            "{action} WHERE id IN ({})",
-            super::question_marks(ids.len())
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for id in ids {
-            query = query.bind(id.as_str());
-        }
-        query.execute(&mut *conn).await?;
-    }
-    Ok(())
+/// How a dialect marks a settled claim's rows, in the claim's transaction.
+#[async_trait]
+pub trait Marking<D: Dialect> {
+    /// Marks the rows `ids` published, or deletes them with `delete`.
+    async fn mark_published(
+        conn: &mut Connection<D>,
+        ids: &[String],
+        delete: bool,
+    ) -> Result<(), SourceError>;
+
+    /// Adds a failed attempt with its error to each row, parking those
+    /// marked dead-lettered.
+    async fn record_failures(
+        conn: &mut Connection<D>,
+        failed: &[FailedRow],
+    ) -> Result<(), SourceError>;
 }
 
-/// Records each failure with its own statement, `now` timing the dead
-/// letters (`?` placeholders).
-pub(crate) async fn record_each<DB>(
-    conn: &mut DB::Connection,
-    now: &str,
-    failed: &[FailedRow],
-) -> Result<(), SourceError>
+/// Marking by `id IN (?, ...)` lists of at most `CHUNK` ids, and one
+/// statement per failure, timed by [`Dialect::NOW`].
+pub struct IdLists<const CHUNK: usize>;
+
+#[async_trait]
+impl<D: Dialect, const CHUNK: usize> Marking<D> for IdLists<CHUNK>
 where
-    DB: Database,
-    DB::Arguments: sqlx::IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
-    for<'q> bool: Encode<'q, DB> + Type<DB>,
+    for<'c> &'c mut Connection<D>: sqlx::Executor<'c, Database = D::Db>,
+    <D::Db as Database>::Arguments: sqlx::IntoArguments<D::Db>,
+    for<'q> &'q str: Encode<'q, D::Db> + Type<D::Db>,
+    for<'q> bool: Encode<'q, D::Db> + Type<D::Db>,
 {
-    let sql = format!(
-        "UPDATE outbox SET attempts = attempts + 1, last_error = ?, \
-         dead_lettered_at = CASE WHEN ? THEN {now} END WHERE id = ?"
-    );
-    for failed in failed {
-        sqlx::query(AssertSqlSafe(sql.as_str()))
-            .bind(failed.error.as_str())
-            .bind(failed.dead_letter)
-            .bind(failed.id.as_str())
-            .execute(&mut *conn)
-            .await?;
+    async fn mark_published(
+        conn: &mut Connection<D>,
+        ids: &[String],
+        delete: bool,
+    ) -> Result<(), SourceError> {
+        let action = if delete {
+            "DELETE FROM outbox".to_owned()
+        } else {
+            format!("UPDATE outbox SET published_at = {}", D::NOW)
+        };
+        for ids in ids.chunks(CHUNK) {
+            let sql = format!(
+                "{action} WHERE id IN ({})",
+                super::question_marks(ids.len())
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for id in ids {
+                query = query.bind(id.as_str());
+            }
+            query.execute(&mut *conn).await?;
+        }
+        Ok(())
     }
-    Ok(())
+
+    async fn record_failures(
+        conn: &mut Connection<D>,
+        failed: &[FailedRow],
+    ) -> Result<(), SourceError> {
+        let sql = format!(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = ?, \
+             dead_lettered_at = CASE WHEN ? THEN {} END WHERE id = ?",
+            D::NOW
+        );
+        for failed in failed {
+            sqlx::query(AssertSqlSafe(sql.as_str()))
+                .bind(failed.error.as_str())
+                .bind(failed.dead_letter)
+                .bind(failed.id.as_str())
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
 }

@@ -11,10 +11,13 @@ use async_trait::async_trait;
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Pool, Transaction};
 
-use super::dialect::{ClaimRequest, Connection, DbRow, Dialect, ShardScope, ShardStatements};
+use super::dialect::{
+    ClaimRequest, Connection, DbRow, Dialect, RowsAffected, ShardScope, ShardStatements,
+};
 use super::fencing::{Fencing, owned_shards};
 use super::settle::SqlClaim;
 use super::shards::{self, Membership, ShardConfig, ShardStore};
+use super::status::StatusRows;
 use super::{
     AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, InFlight, Source as _, SourceError,
     SourceOptions, Status, missing_table, owners_or_none, redrive_filter,
@@ -238,7 +241,7 @@ where
             .bind(limit as i64)
             .execute(&self.pool)
             .await?;
-        Ok(D::rows_affected(&deleted))
+        Ok(deleted.rows_affected())
     }
 
     async fn backlog(&self) -> Result<Backlog, SourceError> {
@@ -263,7 +266,7 @@ where
             .fetch_all(&self.pool)
             .await?
             .iter()
-            .map(D::type_backlog)
+            .map(D::StatusRows::type_backlog)
             .collect::<Result<_, _>>()?;
         let shard_owners = match D::SHARDS {
             Some(shards) => {
@@ -276,7 +279,7 @@ where
             .fetch_all(&self.pool)
             .await?
             .iter()
-            .map(D::dead_letter)
+            .map(D::StatusRows::dead_letter)
             .collect::<Result<_, _>>()?;
         Ok(Status {
             backlog: self.backlog().await?,
@@ -293,12 +296,9 @@ where
         aggregate_type: Option<&str>,
         limit: u64,
     ) -> Result<u64, SourceError> {
-        let filter = redrive_filter(
-            D::ID_AS_TEXT,
-            ids.len(),
-            aggregate_type.is_some(),
-            D::placeholder,
-        );
+        let filter = redrive_filter(D::ID_AS_TEXT, ids.len(), aggregate_type.is_some(), |n| {
+            D::PLACEHOLDERS.nth(n)
+        });
         let mut query = sqlx::query(AssertSqlSafe(D::redrive_sql(&filter, limit)));
         for id in ids {
             query = query.bind(id.as_str());
@@ -306,7 +306,7 @@ where
         if let Some(aggregate_type) = aggregate_type {
             query = query.bind(aggregate_type);
         }
-        Ok(D::rows_affected(&query.execute(&self.pool).await?))
+        Ok(query.execute(&self.pool).await?.rows_affected())
     }
 
     async fn close(&self) {

@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteQueryResult,
-    SqliteRow,
+    SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
 };
 use sqlx::{Connection, Row, Sqlite};
 
@@ -23,8 +22,7 @@ use super::dead_letters::park;
 use super::decode::{self, Undecodable};
 use super::dialect::{ClaimRequest, Dialect};
 use super::runs::{exclusion, in_claim_order, read_heads, read_runs};
-use super::settle::{mark_listed, record_each};
-use super::{DeadLetter, FailedRow, SourceError, SourceOptions, SqlSource, TypeBacklog};
+use super::{DeadLetter, IdLists, SourceError, SourceOptions, SqlSource, StatusRows, TypeBacklog};
 use crate::database::DatabaseUrl;
 use crate::record::OutboxRecord;
 
@@ -46,6 +44,8 @@ pub struct SqliteDialect;
 impl Dialect for SqliteDialect {
     type Db = Sqlite;
     type Age = String;
+    type Marking = IdLists<CHUNK>;
+    type StatusRows = Self;
 
     /// Opens the database file; it must exist (`?mode=rwc` creates it).
     async fn connect(
@@ -95,34 +95,6 @@ impl Dialect for SqliteDialect {
         }
     }
 
-    async fn mark_published(
-        conn: &mut SqliteConnection,
-        ids: &[String],
-        delete: bool,
-    ) -> Result<(), SourceError> {
-        let action = if delete {
-            "DELETE FROM outbox".to_owned()
-        } else {
-            format!("UPDATE outbox SET published_at = {}", Self::NOW)
-        };
-        mark_listed::<Sqlite>(conn, &action, ids, CHUNK).await
-    }
-
-    async fn record_failures(
-        conn: &mut SqliteConnection,
-        failed: &[FailedRow],
-    ) -> Result<(), SourceError> {
-        record_each::<Sqlite>(conn, Self::NOW, failed).await
-    }
-
-    fn rows_affected(result: &SqliteQueryResult) -> u64 {
-        result.rows_affected()
-    }
-
-    fn placeholder(_: usize) -> String {
-        "?".to_owned()
-    }
-
     /// SQLite's `now` in the format of the table's `created_at` default.
     const NOW: &'static str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
@@ -160,6 +132,18 @@ impl Dialect for SqliteDialect {
            CAST(attempts AS INTEGER) AS attempts, CAST(last_error AS TEXT) AS last_error \
          FROM outbox WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT ?";
 
+    const ID_AS_TEXT: &'static str = "id";
+
+    fn redrive_sql(filter: &str, limit: u64) -> String {
+        format!(
+            "UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 \
+             WHERE seq IN (SELECT seq FROM outbox WHERE {filter} LIMIT {limit})"
+        )
+    }
+}
+
+/// Columns that may hold any type are read as text whatever they hold.
+impl StatusRows<Sqlite> for SqliteDialect {
     fn type_backlog(row: &SqliteRow) -> Result<TypeBacklog, sqlx::Error> {
         Ok(TypeBacklog {
             aggregate_type: lossy(row, "aggregatetype")?,
@@ -178,15 +162,6 @@ impl Dialect for SqliteDialect {
             attempts: row.try_get::<Option<i64>, _>("attempts")?.unwrap_or(0) as i32,
             last_error: last_error.map(|text| String::from_utf8_lossy(&text).into_owned()),
         })
-    }
-
-    const ID_AS_TEXT: &'static str = "id";
-
-    fn redrive_sql(filter: &str, limit: u64) -> String {
-        format!(
-            "UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 \
-             WHERE seq IN (SELECT seq FROM outbox WHERE {filter} LIMIT {limit})"
-        )
     }
 }
 

@@ -29,14 +29,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgQueryResult, PgRow};
-use sqlx::{FromRow, Postgres};
+use sqlx::Postgres;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use tokio::sync::Mutex;
 
-use super::dialect::{ClaimRequest, Dialect, ShardStatements};
+use super::dialect::{ClaimRequest, Dialect, Placeholders, ShardStatements};
 use super::runs::Settled;
 use super::shards::{ShardConfig, ShardStore};
-use super::{DeadLetter, FailedRow, SourceError, SourceOptions, SqlSource, TypeBacklog};
+use super::{FailedRow, Marking, SourceError, SourceOptions, SqlSource, Typed};
 use crate::database::DatabaseUrl;
 use crate::record::OutboxRecord;
 
@@ -66,6 +66,8 @@ impl PostgresSource {
 impl Dialect for PgDialect {
     type Db = Postgres;
     type Age = f64;
+    type Marking = Self;
+    type StatusRows = Typed;
 
     async fn connect(
         url: &DatabaseUrl,
@@ -135,49 +137,11 @@ impl Dialect for PgDialect {
         source.dialect().wait_for_rows(source, timeout).await;
     }
 
-    /// The ids are bound as uuid[] and joined through unnest: a text[]
-    /// compared with `= ANY` lets a generic plan, made while the table
-    /// was small or unanalyzed, scan the table and cast per row.
-    async fn mark_published(
-        conn: &mut PgConnection,
-        ids: &[String],
-        delete: bool,
-    ) -> Result<(), SourceError> {
-        mark_published(conn, ids, delete).await
-    }
-
-    async fn record_failures(
-        conn: &mut PgConnection,
-        failed: &[FailedRow],
-    ) -> Result<(), SourceError> {
-        let ids = uuids(failed.iter().map(|row| &row.id))?;
-        let errors: Vec<&str> = failed.iter().map(|row| row.error.as_str()).collect();
-        let dead: Vec<bool> = failed.iter().map(|row| row.dead_letter).collect();
-        sqlx::query(
-            "UPDATE outbox AS o SET attempts = o.attempts + 1, last_error = f.error, \
-             dead_lettered_at = CASE WHEN f.dead THEN now() END \
-             FROM unnest($1::uuid[], $2::text[], $3::bool[]) AS f(id, error, dead) \
-             WHERE o.id = f.id",
-        )
-        .bind(&ids)
-        .bind(&errors)
-        .bind(&dead)
-        .execute(conn)
-        .await?;
-        Ok(())
-    }
-
     fn settled(&self) -> Option<&Arc<Settled>> {
         Some(&self.settled)
     }
 
-    fn rows_affected(result: &PgQueryResult) -> u64 {
-        result.rows_affected()
-    }
-
-    fn placeholder(n: usize) -> String {
-        format!("${n}")
-    }
+    const PLACEHOLDERS: Placeholders = Placeholders::Numbered;
 
     const NOW: &'static str = "now()";
 
@@ -206,14 +170,6 @@ impl Dialect for PgDialect {
            attempts, last_error FROM outbox \
          WHERE dead_lettered_at IS NOT NULL ORDER BY dead_lettered_at LIMIT $1";
 
-    fn type_backlog(row: &PgRow) -> Result<TypeBacklog, sqlx::Error> {
-        TypeBacklog::from_row(row)
-    }
-
-    fn dead_letter(row: &PgRow) -> Result<DeadLetter, sqlx::Error> {
-        DeadLetter::from_row(row)
-    }
-
     const ID_AS_TEXT: &'static str = "id::text";
 
     fn redrive_sql(filter: &str, limit: u64) -> String {
@@ -221,6 +177,41 @@ impl Dialect for PgDialect {
             "UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 \
              WHERE id IN (SELECT id FROM outbox WHERE {filter} LIMIT {limit})"
         )
+    }
+}
+
+/// Ids bound as uuid[] and joined through unnest: a text[] compared with
+/// `= ANY` lets a generic plan, made while the table was small or
+/// unanalyzed, scan the table and cast per row.
+#[async_trait]
+impl Marking<PgDialect> for PgDialect {
+    async fn mark_published(
+        conn: &mut PgConnection,
+        ids: &[String],
+        delete: bool,
+    ) -> Result<(), SourceError> {
+        mark_published(conn, ids, delete).await
+    }
+
+    async fn record_failures(
+        conn: &mut PgConnection,
+        failed: &[FailedRow],
+    ) -> Result<(), SourceError> {
+        let ids = uuids(failed.iter().map(|row| &row.id))?;
+        let errors: Vec<&str> = failed.iter().map(|row| row.error.as_str()).collect();
+        let dead: Vec<bool> = failed.iter().map(|row| row.dead_letter).collect();
+        sqlx::query(
+            "UPDATE outbox AS o SET attempts = o.attempts + 1, last_error = f.error, \
+             dead_lettered_at = CASE WHEN f.dead THEN now() END \
+             FROM unnest($1::uuid[], $2::text[], $3::bool[]) AS f(id, error, dead) \
+             WHERE o.id = f.id",
+        )
+        .bind(&ids)
+        .bind(&errors)
+        .bind(&dead)
+        .execute(conn)
+        .await?;
+        Ok(())
     }
 }
 
