@@ -25,7 +25,7 @@ use super::dead_letters::park;
 use super::decode;
 use super::dialect::{ClaimRequest, Dialect, ShardStatements};
 use super::runs::{Head, exclusion, in_claim_order, read_heads, read_runs};
-use super::shards::{ShardConfig, ShardStore, Taken};
+use super::shards::{ShardConfig, ShardStore, Taken, tables};
 use super::{IdLists, RunRow, SourceError, SourceOptions, SqlSource, Typed, question_marks};
 use crate::database::DatabaseUrl;
 use crate::record::OutboxRecord;
@@ -275,36 +275,15 @@ impl ShardStore for MySqlShardStore {
             query = query.bind(shard);
         }
         query.execute(&self.pool).await?;
-        let highest: Option<i32> = sqlx::query_scalar("SELECT MAX(shard) FROM outbox_relay_shard")
-            .fetch_one(&self.pool)
-            .await?;
-        match highest {
-            Some(highest) if i64::from(highest) + 1 > i64::from(count) => {
-                Err(SourceError::ShardCount {
-                    configured: count,
-                    found: i64::from(highest) + 1,
-                })
-            }
-            _ => Ok(()),
-        }
+        tables::check_count(&self.pool, count).await
     }
 
     async fn heartbeat(&self, instance: &str, lease: Duration) -> Result<usize, SourceError> {
-        sqlx::query(AssertSqlSafe(format!(
+        let register = format!(
             "INSERT INTO outbox_relay_instance (id, lease_until) VALUES (?, {LEASE_END}) \
              ON DUPLICATE KEY UPDATE lease_until = VALUES(lease_until)"
-        )))
-        .bind(instance)
-        .bind(micros(lease))
-        .execute(&self.pool)
-        .await?;
-        sqlx::query("DELETE FROM outbox_relay_instance WHERE lease_until < UTC_TIMESTAMP(6)")
-            .execute(&self.pool)
-            .await?;
-        let live: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM outbox_relay_instance")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(live as usize)
+        );
+        tables::heartbeat::<MySqlDialect>(&self.pool, &register, instance, lease).await
     }
 
     async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<(i32, i64)>, SourceError> {
@@ -323,12 +302,8 @@ impl ShardStore for MySqlShardStore {
         )
     }
 
-    async fn acquire(
-        &self,
-        instance: &str,
-        lease: Duration,
-        want: usize,
-    ) -> Result<Vec<Taken>, SourceError> {
+    async fn acquire(&self, config: &ShardConfig, want: usize) -> Result<Vec<Taken>, SourceError> {
+        let (instance, lease) = (config.instance.as_str(), config.lease);
         let mut txn = self.pool.begin().await?;
         let free: Vec<(i32, i64, Option<String>)> = sqlx::query_as(
             "SELECT shard, epoch, owner FROM outbox_relay_shard \
@@ -410,16 +385,7 @@ impl ShardStore for MySqlShardStore {
     }
 
     async fn leave(&self, instance: &str) -> Result<(), SourceError> {
-        sqlx::query(
-            "UPDATE outbox_relay_shard SET owner = NULL, lease_until = NULL WHERE owner = ?",
-        )
-        .bind(instance)
-        .execute(&self.pool)
-        .await?;
-        sqlx::query("DELETE FROM outbox_relay_instance WHERE id = ?")
-            .bind(instance)
-            .execute(&self.pool)
-            .await?;
+        tables::leave::<MySqlDialect>(&self.pool, instance).await?;
         // Absent before migration 0007: nothing to forget then.
         let _ = sqlx::query("DELETE FROM outbox_relay_session WHERE instance = ?")
             .bind(instance)

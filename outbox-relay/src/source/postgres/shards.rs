@@ -8,7 +8,8 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::super::SourceError;
 use super::super::dialect::ShardStatements;
-use super::super::shards::{ShardConfig, ShardStore, Taken};
+use super::super::shards::{ShardConfig, ShardStore, Taken, tables};
+use super::PgDialect;
 
 /// How claims and `status` read shard ownership. At a claim, only shards
 /// with a current lease, `FOR KEY SHARE`: a lock that no renewal or
@@ -64,37 +65,14 @@ impl ShardStore for PgShardStore {
         .bind(count as i32)
         .execute(&self.pool)
         .await?;
-        let highest: Option<i32> = sqlx::query_scalar("SELECT max(shard) FROM outbox_relay_shard")
-            .fetch_one(&self.pool)
-            .await?;
-        match highest {
-            Some(highest) if highest as i64 + 1 > i64::from(count) => {
-                Err(SourceError::ShardCount {
-                    configured: count,
-                    found: highest as i64 + 1,
-                })
-            }
-            _ => Ok(()),
-        }
+        tables::check_count(&self.pool, count).await
     }
 
     async fn heartbeat(&self, instance: &str, lease: Duration) -> Result<usize, SourceError> {
-        sqlx::query(
-            "INSERT INTO outbox_relay_instance (id, lease_until) \
+        let register = "INSERT INTO outbox_relay_instance (id, lease_until) \
              VALUES ($1, now() + make_interval(secs => $2)) \
-             ON CONFLICT (id) DO UPDATE SET lease_until = excluded.lease_until",
-        )
-        .bind(instance)
-        .bind(lease.as_secs_f64())
-        .execute(&self.pool)
-        .await?;
-        sqlx::query("DELETE FROM outbox_relay_instance WHERE lease_until < now()")
-            .execute(&self.pool)
-            .await?;
-        let live: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_relay_instance")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(live as usize)
+             ON CONFLICT (id) DO UPDATE SET lease_until = excluded.lease_until";
+        tables::heartbeat::<PgDialect>(&self.pool, register, instance, lease).await
     }
 
     async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<(i32, i64)>, SourceError> {
@@ -108,12 +86,8 @@ impl ShardStore for PgShardStore {
         .await?)
     }
 
-    async fn acquire(
-        &self,
-        instance: &str,
-        lease: Duration,
-        want: usize,
-    ) -> Result<Vec<Taken>, SourceError> {
+    async fn acquire(&self, config: &ShardConfig, want: usize) -> Result<Vec<Taken>, SourceError> {
+        let (instance, lease) = (config.instance.as_str(), config.lease);
         let taken: Vec<(i32, i64, Option<String>)> = sqlx::query_as(
             "WITH free AS (SELECT shard, owner FROM outbox_relay_shard \
                WHERE owner IS NULL OR lease_until < now() \
@@ -164,16 +138,6 @@ impl ShardStore for PgShardStore {
     }
 
     async fn leave(&self, instance: &str) -> Result<(), SourceError> {
-        sqlx::query(
-            "UPDATE outbox_relay_shard SET owner = NULL, lease_until = NULL WHERE owner = $1",
-        )
-        .bind(instance)
-        .execute(&self.pool)
-        .await?;
-        sqlx::query("DELETE FROM outbox_relay_instance WHERE id = $1")
-            .bind(instance)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        tables::leave::<PgDialect>(&self.pool, instance).await
     }
 }

@@ -30,6 +30,8 @@ use tokio::task::JoinHandle;
 
 use super::SourceError;
 
+pub(crate) mod tables;
+
 /// How an instance takes part in shard ownership.
 #[derive(Debug, Clone)]
 pub struct ShardConfig {
@@ -87,13 +89,9 @@ pub trait ShardStore: Send + Sync {
     /// with their epochs.
     async fn renew(&self, instance: &str, lease: Duration) -> Result<Vec<(i32, i64)>, SourceError>;
 
-    /// Takes up to `want` free or expired shards; returns those taken.
-    async fn acquire(
-        &self,
-        instance: &str,
-        lease: Duration,
-        want: usize,
-    ) -> Result<Vec<Taken>, SourceError>;
+    /// Takes up to `want` free or expired shards for `config.instance`,
+    /// under a lease of `config.lease`; returns those taken.
+    async fn acquire(&self, config: &ShardConfig, want: usize) -> Result<Vec<Taken>, SourceError>;
 
     /// Ends the database sessions of `owner`, an instance whose lease
     /// expired while it held shards; returns how many it ended.
@@ -235,9 +233,7 @@ async fn round(
         store.release(&config.instance, &extra).await?;
         tracing::info!(released = ?extra, live, "handed shards over to other instances");
     } else if owned.len() < fair {
-        let taken = store
-            .acquire(&config.instance, config.lease, fair - owned.len())
-            .await?;
+        let taken = store.acquire(config, fair - owned.len()).await?;
         if !taken.is_empty() {
             let shards: Vec<i32> = taken.iter().map(|taken| taken.shard).collect();
             tracing::info!(?shards, live, "took over shards");
