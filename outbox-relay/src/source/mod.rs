@@ -1,12 +1,17 @@
 //! Row sources: where pending outbox rows are claimed from and marked in.
 //!
-//! One implementation per database ([`postgres`], [`mysql`], [`sqlite`]),
-//! chosen from the URL's scheme by [`connect`]. A [`Claim`] is a batch of
-//! pending rows, each aggregate's in sequence order (`runs`); on PostgreSQL and MariaDB/MySQL it holds
-//! the rows locked (`FOR UPDATE SKIP LOCKED`) in an open transaction until
-//! [`Claim::settle`] marks them and commits, so a crash at any point leaves
-//! them pending and nothing is lost. A claimed row that cannot be read is
-//! dead-lettered with its reason instead of failing the claim (`decode`).
+//! Every database goes through one [`SqlSource`], chosen from the URL's
+//! [`Backend`] by [`connect`]: the pipeline is the same everywhere, and
+//! each database is a [`Dialect`] that words it (`postgres/`, `mysql.rs`,
+//! `sqlite.rs`). A [`Claim`] is a batch of pending rows, each aggregate's
+//! in sequence order (`runs.rs`; PostgreSQL plans its claim in
+//! `postgres/claim.rs`); on PostgreSQL and MariaDB/MySQL it holds the rows
+//! locked in an open transaction until [`Claim::settle`] re-checks the
+//! shards (`fencing.rs`, with ownership in `shards/`), marks them and
+//! commits (`settle.rs`), so a crash at any point leaves them pending and
+//! nothing is lost. A claimed row that cannot be read is dead-lettered
+//! with its reason instead of failing the claim (`decode.rs`,
+//! `dead_letters.rs`); `status.rs` reads what `status` shows.
 
 mod dead_letters;
 mod decode;

@@ -113,7 +113,7 @@ impl Dialect for SqliteDialect {
     const DEAD_LETTER_COUNT: &'static str =
         "SELECT COUNT(*) FROM outbox WHERE dead_lettered_at IS NOT NULL";
 
-    /// The aggregate type as text whatever it holds ([`lossy`]).
+    /// The aggregate type as text whatever it holds (`CASE typeof`, read lossily).
     const PENDING_BY_TYPE: &'static str = "SELECT CASE typeof(aggregatetype) \
            WHEN 'text' THEN aggregatetype ELSE quote(aggregatetype) END AS aggregatetype, \
            COUNT(*) AS pending, \
@@ -121,7 +121,7 @@ impl Dialect for SqliteDialect {
          FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL \
          GROUP BY aggregatetype ORDER BY 2 DESC, 1 LIMIT 50";
 
-    /// Every column as text whatever it holds ([`lossy`]).
+    /// Every column as text whatever it holds (`CASE typeof`, read lossily).
     const DEAD_LETTERS: &'static str = "SELECT \
            CASE typeof(id) WHEN 'text' THEN id ELSE quote(id) END AS id, \
            CASE typeof(aggregatetype) WHEN 'text' THEN aggregatetype ELSE quote(aggregatetype) END \

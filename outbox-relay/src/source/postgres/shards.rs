@@ -1,4 +1,4 @@
-//! Shard ownership on PostgreSQL (see `source/shards.rs`).
+//! Shard ownership on PostgreSQL (see `source/shards/mod.rs`).
 
 use std::time::Duration;
 
