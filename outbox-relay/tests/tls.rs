@@ -10,12 +10,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use outbox_tests::process::{RelayProcess, run_to_end};
+use outbox_tests::tls::TlsMariaDb;
 use outbox_tests::{Backend, TestDb};
 use sea_orm::{ConnectionTrait, Statement};
 
 const RELAY: &str = env!("CARGO_BIN_EXE_outbox-relay");
-/// The certificate PostgreSQL serves, self-signed, for `localhost`.
-const SERVER_CERT: &str = "/etc/ssl/certs/ssl-cert-snakeoil.pem";
+/// The certificate the servers present, self-signed, for `localhost`.
+const SERVER_CERT: &str = outbox_tests::tls::SERVER_CERT;
 
 /// `url` with `query` appended.
 fn with_query(url: &str, query: &str) -> String {
@@ -241,4 +242,86 @@ async fn mariadb_without_tls_refuses_a_required_mode() {
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(stdout.lines().count(), 2, "{stdout}");
     t.drop().await;
+}
+
+/// A MariaDB that accepts TLS only: `migrate`, the relay and `status` work
+/// with `VERIFY_IDENTITY` and the server's certificate as CA (so every
+/// connection is encrypted: the server refuses plain ones), and a plain or
+/// mis-addressed connection fails in one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_over_tls_publishes_and_marks() {
+    outbox_relay::tls::install_crypto_provider();
+    let server = TlsMariaDb::start();
+    let verified = server.url(
+        "localhost",
+        &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={SERVER_CERT}"),
+    );
+    let env = [("DATABASE_URL", verified.as_str())];
+    let (code, _, stderr) = run_to_end(Path::new(RELAY), &["migrate"], &env);
+    assert_eq!(code, 0, "{stderr}");
+    let db = outbox_tests::db::connect(&server.url("127.0.0.1", "ssl-mode=REQUIRED")).await;
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        let id = uuid::Uuid::now_v7().to_string();
+        db.execute_unprepared(&format!(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             VALUES ('{id}', 'Invoice', 'inv-{n}', 'InvoiceIssued', '{{}}')"
+        ))
+        .await
+        .expect("insert over TLS");
+        ids.push(id);
+    }
+    let (code, stdout, stderr) = run_to_end(
+        Path::new(RELAY),
+        &["run", "--drain", "--sink", "stdout"],
+        &env,
+    );
+    assert_eq!(code, 0, "{stderr}");
+    for id in &ids {
+        assert!(stdout.contains(id), "{id} not published: {stdout}");
+    }
+    let pending = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT CAST(COUNT(*) AS SIGNED) FROM outbox WHERE published_at IS NULL".to_owned(),
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get_by_index::<i64>(0)
+        .unwrap();
+    assert_eq!(pending, 0);
+    let (code, _, stderr) = run_to_end(Path::new(RELAY), &["status"], &env);
+    assert_eq!(code, 0, "{stderr}");
+
+    for (url, expected) in [
+        // MariaDB answers a plain connection under require_secure_transport
+        // with "access denied".
+        (
+            server.url("127.0.0.1", "ssl-mode=DISABLED"),
+            "Access denied",
+        ),
+        (
+            server.url(
+                "127.0.0.1",
+                &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={SERVER_CERT}"),
+            ),
+            "not valid for the host name in the URL (127.0.0.1)",
+        ),
+    ] {
+        let (code, _, stderr) = run_to_end(
+            Path::new(RELAY),
+            &["run", "--drain", "--sink", "stdout"],
+            &[("DATABASE_URL", &url)],
+        );
+        assert_ne!(code, 0, "{url} connected");
+        let error = stderr
+            .lines()
+            .rfind(|l| !l.trim().is_empty())
+            .unwrap_or_default();
+        assert!(
+            error.contains(expected),
+            "expected `{expected}` in: {stderr}"
+        );
+    }
 }
