@@ -156,7 +156,7 @@ async fn migrate(url: &str) -> anyhow::Result<()> {
         .connect_timeout(Duration::from_secs(10));
     let db = Database::connect(options)
         .await
-        .with_context(|| format!("cannot connect to the database at {}", redact_url(&url)))?;
+        .map_err(|error| crate::tls::ConnectFailure::of_db_err(&url, &error))?;
     outbox_migrations::Migrator::up(&db, None)
         .await
         .with_context(|| format!("migrating {} failed", redact_url(&url)))?;
@@ -287,7 +287,7 @@ async fn drop_slot(url: &str, slot: &str, args: &DropSlotArgs) -> anyhow::Result
         .acquire_timeout(Duration::from_secs(10))
         .connect(url)
         .await
-        .with_context(|| format!("cannot connect to the database at {}", redact_url(url)))?;
+        .map_err(|error| crate::tls::ConnectFailure::new(url, &error))?;
     if cdc_slot::drop_slot(&pool, slot).await? {
         eprintln!("dropped replication slot {slot}");
     } else {

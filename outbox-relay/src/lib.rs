@@ -30,3 +30,4 @@ pub mod server;
 pub mod shutdown;
 pub mod sink;
 pub mod source;
+pub mod tls;

@@ -19,6 +19,7 @@ const USAGE_ERROR: u8 = 2;
 
 fn main() -> ExitCode {
     redact::install_panic_hook();
+    outbox_relay::tls::install_crypto_provider();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => return usage_error(&error),
@@ -48,7 +49,7 @@ fn main() -> ExitCode {
     match runtime.block_on(outbox_relay::commands::execute(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {}", redact_text(&format!("{error:#}")));
+            eprintln!("error: {}", redact_text(&error_line(&error)));
             if error.is::<SettingsError>() {
                 ExitCode::from(USAGE_ERROR)
             } else {
@@ -56,6 +57,20 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `error` and its causes on one line, each cause once: a cause whose text
+/// its error already quotes is not repeated.
+fn error_line(error: &anyhow::Error) -> String {
+    let mut line = error.to_string();
+    for cause in error.chain().skip(1) {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
 }
 
 /// The text log's fields without `db.statement`: sqlx's slow-statement

@@ -40,6 +40,11 @@ impl CdcDb {
 
     /// Starts `outbox-relay run --mode cdc` on this database's slot.
     fn relay(&self, brokers: &str, extra: &[&str]) -> RelayProcess {
+        self.relay_at(&self.t.url, brokers, extra)
+    }
+
+    /// The same, with another URL for the same database.
+    fn relay_at(&self, url: &str, brokers: &str, extra: &[&str]) -> RelayProcess {
         let mut args = vec![
             "run",
             "--mode",
@@ -52,7 +57,7 @@ impl CdcDb {
             brokers,
         ];
         args.extend_from_slice(extra);
-        RelayProcess::spawn(Path::new(RELAY), &args, &[("DATABASE_URL", &self.t.url)])
+        RelayProcess::spawn(Path::new(RELAY), &args, &[("DATABASE_URL", url)])
     }
 
     async fn query_i64(&self, sql: &str) -> Option<i64> {
@@ -461,6 +466,61 @@ async fn polling_and_cdc_publish_identical_messages() {
     let from_table: Vec<String> = from_table.lines().map(str::to_owned).collect();
     assert_eq!(from_wal, from_table);
     assert!(from_wal[0].contains(TRACEPARENT), "{}", from_wal[0]);
+    cdc.drop().await;
+}
+
+/// CDC mode with `sslmode=require`: the replication connection and the
+/// SQL connections are encrypted (the server's `pg_stat_ssl` says so), and
+/// the rows arrive and are marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cdc_mode_reads_the_slot_over_tls() {
+    let cdc = CdcDb::new().await;
+    let name = format!("cdc-tls-{}", uuid::Uuid::now_v7().simple());
+    let url = format!("{}&sslmode=require&application_name={name}", cdc.t.url);
+    let mut relay = cdc.relay_at(&url, "127.0.0.1:1", &["--sink", "stdout"]);
+    let reader = cdc.wait_reading(None, &relay).await;
+    let encrypted = cdc
+        .query_i64(&format!(
+            "SELECT count(*)::int8 FROM pg_stat_ssl WHERE pid = {reader} AND ssl"
+        ))
+        .await;
+    assert_eq!(
+        encrypted,
+        Some(1),
+        "the replication connection is not encrypted"
+    );
+    let appended = append_events(&cdc.t.db, "inv-tls", 3).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cdc.t.count("outbox WHERE published_at IS NOT NULL").await < 3 {
+        assert!(
+            Instant::now() < deadline && relay.is_running(),
+            "not marked over TLS; stderr:\n{}",
+            relay.stderr().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let printed = relay.stdout().join("\n");
+    for event in &appended {
+        let id = event.id.to_string();
+        assert!(printed.contains(&id), "{id} not published: {printed}");
+    }
+    let sessions = |encrypted: bool| {
+        format!(
+            "SELECT count(*)::int8 FROM pg_stat_activity AS a JOIN pg_stat_ssl AS s \
+             ON s.pid = a.pid WHERE a.application_name = '{name}' AND s.ssl = {encrypted}"
+        )
+    };
+    assert!(
+        cdc.query_i64(&sessions(true)).await >= Some(1),
+        "no SQL session over TLS"
+    );
+    assert_eq!(
+        cdc.query_i64(&sessions(false)).await,
+        Some(0),
+        "a SQL connection of the relay is not encrypted"
+    );
+    relay.signal("TERM");
+    assert_eq!(relay.wait(Duration::from_secs(30)), Some(0));
     cdc.drop().await;
 }
 

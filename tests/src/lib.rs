@@ -15,6 +15,7 @@ pub mod kafka;
 pub mod process;
 pub mod rabbitmq;
 pub mod stream;
+pub mod tls;
 pub mod witness;
 
 pub use db::{Backend, OutboxRow, TestDb};

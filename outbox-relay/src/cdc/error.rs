@@ -83,11 +83,6 @@ pub enum CdcError {
         /// Why.
         error: sqlx::Error,
     },
-    /// The URL asks for TLS, which the replication connection does not do.
-    #[error(
-        "CDC mode connects without TLS; remove sslmode from the database URL or use --mode poll"
-    )]
-    TlsUnsupported,
     /// The replication connection failed.
     #[error("replication connection: {0}")]
     Replication(pgwire_replication::PgWireError),

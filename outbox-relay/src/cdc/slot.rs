@@ -5,9 +5,9 @@
 
 use std::str::FromStr;
 
-use pgwire_replication::{ReplicationConfig, TlsConfig};
+use pgwire_replication::ReplicationConfig;
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use sqlx::postgres::PgConnectOptions;
 
 use super::CdcError;
 use crate::redact::redact_url;
@@ -289,12 +289,6 @@ pub fn replication_config(
         url: redact_url(url),
         error,
     })?;
-    if matches!(
-        options.get_ssl_mode(),
-        PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull
-    ) {
-        return Err(CdcError::TlsUnsupported);
-    }
     let password = url::Url::parse(url)
         .ok()
         .and_then(|parsed| parsed.password().map(crate::redact::percent_decode))
@@ -308,7 +302,7 @@ pub fn replication_config(
     Ok(
         ReplicationConfig::new(host, user, password, database, slot, publication)
             .with_port(options.get_port())
-            .with_tls(TlsConfig::disabled())
+            .with_tls(crate::tls::replication_tls(options.get_ssl_mode(), url))
             .with_application_name(APPLICATION_NAME),
     )
 }
@@ -358,7 +352,14 @@ mod tests {
         assert_eq!(config.password, "p@ss");
         assert_eq!(config.database, "orders");
         assert_eq!(config.slot, "s");
-        let error = replication_config("postgres://h/db?sslmode=require", "s", "p").unwrap_err();
-        assert!(error.to_string().contains("without TLS"), "{error}");
+        let tls = replication_config(
+            "postgres://h/db?sslmode=require&sslrootcert=/ca.pem",
+            "s",
+            "p",
+        )
+        .unwrap()
+        .tls;
+        assert_eq!(tls.mode, pgwire_replication::SslMode::Require);
+        assert_eq!(tls.ca_pem_path, Some("/ca.pem".into()));
     }
 }

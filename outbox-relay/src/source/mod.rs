@@ -357,7 +357,7 @@ pub enum SourceError {
     #[error(transparent)]
     UnsupportedUrl(#[from] crate::database::UnsupportedUrl),
     /// The database could not be reached at start.
-    #[error("cannot connect to the database at {url}: {source}")]
+    #[error("{}", crate::tls::ConnectFailure::new(url, source))]
     Connect {
         /// The URL, without its password.
         url: String,
