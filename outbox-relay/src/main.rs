@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use outbox_relay::cli::{Cli, LogFormat, usage_error_line};
-use outbox_relay::config::SettingsError;
 use outbox_relay::redact::{self, RedactingStderr, redact_text};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
@@ -48,8 +47,11 @@ fn main() -> ExitCode {
     match runtime.block_on(outbox_relay::commands::execute(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
+            let usage = error.is_usage();
+            // The whole chain of causes, on one line.
+            let error = anyhow::Error::from(error);
             eprintln!("error: {}", redact_text(&format!("{error:#}")));
-            if error.is::<SettingsError>() {
+            if usage {
                 ExitCode::from(USAGE_ERROR)
             } else {
                 ExitCode::FAILURE
