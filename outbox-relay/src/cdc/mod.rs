@@ -29,6 +29,12 @@
 //! process still holds the slot, so one that lost it (paused, then resumed)
 //! sends nothing more; what was handed over before the pause may still go
 //! out.
+//!
+//! The decisions are two state machines without I/O: `sessions.rs` (read
+//! the slot, stand by, reconnect, stop) and `stream.rs` (between
+//! transactions or in one; committed transactions ready, sending,
+//! acknowledged, marking, confirmed). The session code here performs what
+//! they say.
 
 mod error;
 pub mod pgoutput;
