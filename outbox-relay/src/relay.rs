@@ -7,8 +7,8 @@
 //! by a retry.
 //!
 //! The loop's decisions (what follows an empty claim, a failed send, a
-//! refused settle, a shutdown) are in `relay/cycle.rs`, without I/O; [`Relay::run`]
-//! performs what they say.
+//! refused settle, a shutdown) are in `relay/cycle.rs`, without I/O;
+//! [`Relay::run`] performs what they say.
 //!
 //! A failing aggregate cools down (exponential backoff of its own, up to
 //! `max_backoff`) and is left out of the claims meanwhile, so one poison
