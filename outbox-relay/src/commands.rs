@@ -466,6 +466,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn settings_errors_stay_usage_errors_and_causes_print_on_one_line() {
+        let missing = std::path::Path::new("/nonexistent/outbox-relay.toml");
+        let settings = FileConfig::load(Some(missing)).unwrap_err();
+        assert!(CommandError::from(settings).is_usage());
+        let settings = FileConfig::load(Some(missing)).unwrap_err();
+        let resolved = CommandError::unsuitable(anyhow::Error::from(settings));
+        assert!(resolved.is_usage(), "{resolved}");
+        let unsuitable = CommandError::unsuitable(anyhow::anyhow!("use --mode poll"));
+        assert!(!unsuitable.is_usage());
+        assert_eq!(unsuitable.to_string(), "use --mode poll");
+
+        let signals = CommandError::Signals(std::io::Error::other("no signal driver"));
+        assert!(matches!(signals, CommandError::Signals(_)));
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(signals)),
+            "cannot install signal handlers: no signal driver"
+        );
+    }
+
+    #[test]
     fn slot_table_reads_well() {
         let table = slot_table(&SlotStatus {
             slot: "outbox_relay".into(),
