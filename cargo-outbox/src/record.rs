@@ -59,54 +59,15 @@ pub fn record(sources: &Sources, lock: &Lock, lock_name: &str) -> Outcome {
         actual.types = nested_types(&event, item, sources, &mut outcome);
 
         let verdict = compare::check_event(lock, &actual, lock_name);
-        for finding in &verdict.findings {
-            if matches!(verdict.status, Status::New | Status::Bumped { .. }) {
-                continue;
-            }
-            let span = match finding.site {
-                Site::Field(index) => event.fields[index].source.ident.as_ref().map(|i| i.span()),
-                Site::Version => Some(event.attrs.version_span),
-                Site::Aggregate => Some(event.attrs.aggregate_span),
-                Site::RenameAll | Site::Attribute => None,
-            }
-            .unwrap_or_else(|| event.ident.span());
-            outcome
-                .errors
-                .push(format!("{}: {}", item.location(span), finding.message));
-        }
-        match verdict.status {
-            Status::Rejected => {}
-            Status::New => {
+        if !matches!(verdict.status, Status::New | Status::Bumped { .. }) {
+            for finding in &verdict.findings {
+                let span = finding_span(&event, finding.site);
                 outcome
-                    .changes
-                    .push(format!("recorded new {}", actual.title()));
-                outcome.lock.record(actual);
-            }
-            Status::Bumped { latest } => {
-                outcome.changes.push(format!(
-                    "recorded {} (bumped from version {latest})",
-                    actual.title()
-                ));
-                outcome.lock.record(actual);
-            }
-            Status::Recorded | Status::Additive => {
-                let Some(recorded) = lock.entry(&actual.event, actual.version) else {
-                    continue;
-                };
-                let next = lock
-                    .versions(&actual.event)
-                    .last()
-                    .map_or(1, |e| e.version + 1);
-                if let Some(message) = nested_problem(recorded, &actual, lock_name, next) {
-                    outcome.errors.push(format!("{here}: {message}"));
-                } else if recorded != &actual {
-                    outcome
-                        .changes
-                        .push(format!("recorded additive changes of {}", actual.title()));
-                    outcome.lock.record(actual);
-                }
+                    .errors
+                    .push(format!("{}: {}", item.location(span), finding.message));
             }
         }
+        apply_verdict(verdict.status, actual, lock, lock_name, &here, &mut outcome);
     }
     let mut seen_errors = std::collections::BTreeSet::new();
     outcome
@@ -115,6 +76,64 @@ pub fn record(sources: &Sources, lock: &Lock, lock_name: &str) -> Outcome {
     let mut seen_notes = std::collections::BTreeSet::new();
     outcome.notes.retain(|note| seen_notes.insert(note.clone()));
     outcome
+}
+
+/// Where a finding about `event` points: the field, attribute or version
+/// it is about, else the struct's name.
+fn finding_span(event: &Event<'_>, site: Site) -> proc_macro2::Span {
+    match site {
+        Site::Field(index) => event.fields[index].source.ident.as_ref().map(|i| i.span()),
+        Site::Version => Some(event.attrs.version_span),
+        Site::Aggregate => Some(event.attrs.aggregate_span),
+        Site::RenameAll | Site::Attribute => None,
+    }
+    .unwrap_or_else(|| event.ident.span())
+}
+
+/// Records `actual` into the outcome's lock as `status` allows: new and
+/// bumped versions are added, additive changes extend their entry unless a
+/// nested payload type changed incompatibly (reported at `here`).
+fn apply_verdict(
+    status: Status,
+    actual: EventEntry,
+    lock: &Lock,
+    lock_name: &str,
+    here: &str,
+    outcome: &mut Outcome,
+) {
+    match status {
+        Status::Rejected => {}
+        Status::New => {
+            outcome
+                .changes
+                .push(format!("recorded new {}", actual.title()));
+            outcome.lock.record(actual);
+        }
+        Status::Bumped { latest } => {
+            outcome.changes.push(format!(
+                "recorded {} (bumped from version {latest})",
+                actual.title()
+            ));
+            outcome.lock.record(actual);
+        }
+        Status::Recorded | Status::Additive => {
+            let Some(recorded) = lock.entry(&actual.event, actual.version) else {
+                return;
+            };
+            let next = lock
+                .versions(&actual.event)
+                .last()
+                .map_or(1, |e| e.version + 1);
+            if let Some(message) = nested_problem(recorded, &actual, lock_name, next) {
+                outcome.errors.push(format!("{here}: {message}"));
+            } else if recorded != &actual {
+                outcome
+                    .changes
+                    .push(format!("recorded additive changes of {}", actual.title()));
+                outcome.lock.record(actual);
+            }
+        }
+    }
 }
 
 /// The payload types reachable from the fields of `event`, by name.

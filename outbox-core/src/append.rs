@@ -369,34 +369,12 @@ impl AppendCte {
         earlier_values: usize,
     ) -> Self {
         let rows: Vec<_> = rows.collect();
-        // Sorted keys: the multi-row upsert locks the sequence rows in one
-        // global order, so transactions touching several aggregates cannot
-        // deadlock on them.
-        let mut counts: BTreeMap<(&'static str, AggregateIdSql<'a>), i64> = BTreeMap::new();
-        for (event, aggregate_id) in &rows {
-            *counts
-                .entry((event.aggregate_type, *aggregate_id))
-                .or_default() += 1;
-        }
-
+        let counts = aggregate_counts(&rows);
         let mut params = Params {
             earlier: earlier_values,
             values: Vec::with_capacity(counts.len() * 3 + rows.len() * 5),
         };
-        let reservations: BTreeMap<_, Reservation> = counts
-            .into_iter()
-            .map(|(key @ (aggregate_type, aggregate_id), count)| {
-                let reservation = Reservation {
-                    count,
-                    aggregate_type: params.bind(aggregate_type, "text"),
-                    aggregate_id: match aggregate_id {
-                        AggregateIdSql::Param(id) => params.bind(id, "text"),
-                        AggregateIdSql::Expression(sql) => sql.to_owned(),
-                    },
-                };
-                (key, reservation)
-            })
-            .collect();
+        let reservations = reservations(counts, &mut params);
         let reserved_rows: Vec<String> = reservations
             .values()
             .map(|reservation| {
@@ -408,40 +386,7 @@ impl AppendCte {
                 )
             })
             .collect();
-
-        let one_aggregate = reservations.len() == 1;
-        let mut positions: BTreeMap<(&'static str, AggregateIdSql), i64> = BTreeMap::new();
-        let events: Vec<String> = rows
-            .iter()
-            .map(|&(event, aggregate_id)| {
-                let key = (event.aggregate_type, aggregate_id);
-                let reservation = &reservations[&key];
-                let position = positions.entry(key).or_default();
-                *position += 1;
-                let last = if one_aggregate {
-                    "(SELECT last_seq FROM reserved)".to_owned()
-                } else {
-                    format!(
-                        "(SELECT last_seq FROM reserved WHERE aggregatetype = {} AND aggregateid = {})",
-                        reservation.aggregate_type, reservation.aggregate_id
-                    )
-                };
-                let sequence = match reservation.count - *position {
-                    0 => last,
-                    offset => format!("{last} - {offset}"),
-                };
-                format!(
-                    "({}, {}, {}, {}, {}, {}, {sequence}, {})",
-                    params.bind(event.id, "uuid"),
-                    reservation.aggregate_type,
-                    reservation.aggregate_id,
-                    params.bind(event.event_type, "text"),
-                    params.bind(event.payload.as_str(), "jsonb"),
-                    params.bind(i64::from(event.version), "int"),
-                    params.bind(event.traceparent.clone(), "text"),
-                )
-            })
-            .collect();
+        let events = event_values(&rows, &reservations, &mut params);
         let reserve = format!(
             "INSERT INTO {SEQUENCE_TABLE} (aggregatetype, aggregateid, last_seq) VALUES {} \
              ON CONFLICT (aggregatetype, aggregateid) \
@@ -461,6 +406,88 @@ impl AppendCte {
             values: params.values,
         }
     }
+}
+
+/// An aggregate of an append, as the statement keys it.
+type AggregateSql<'a> = (&'static str, AggregateIdSql<'a>);
+
+/// Each aggregate of `rows` with its event count.
+///
+/// Sorted keys: the multi-row upsert locks the sequence rows in one global
+/// order, so transactions touching several aggregates cannot deadlock on
+/// them.
+fn aggregate_counts<'a>(
+    rows: &[(&'a PreparedEvent, AggregateIdSql<'a>)],
+) -> BTreeMap<AggregateSql<'a>, i64> {
+    let mut counts: BTreeMap<AggregateSql<'a>, i64> = BTreeMap::new();
+    for (event, aggregate_id) in rows {
+        *counts
+            .entry((event.aggregate_type, *aggregate_id))
+            .or_default() += 1;
+    }
+    counts
+}
+
+/// The reservation of each aggregate's `count` numbers, its key bound once.
+fn reservations<'a>(
+    counts: BTreeMap<AggregateSql<'a>, i64>,
+    params: &mut Params,
+) -> BTreeMap<AggregateSql<'a>, Reservation> {
+    counts
+        .into_iter()
+        .map(|(key @ (aggregate_type, aggregate_id), count)| {
+            let reservation = Reservation {
+                count,
+                aggregate_type: params.bind(aggregate_type, "text"),
+                aggregate_id: match aggregate_id {
+                    AggregateIdSql::Param(id) => params.bind(id, "text"),
+                    AggregateIdSql::Expression(sql) => sql.to_owned(),
+                },
+            };
+            (key, reservation)
+        })
+        .collect()
+}
+
+/// The `VALUES` tuple of each row, in order, its `aggregate_seq` taken
+/// from its aggregate's reserved numbers.
+fn event_values(
+    rows: &[(&PreparedEvent, AggregateIdSql<'_>)],
+    reservations: &BTreeMap<AggregateSql<'_>, Reservation>,
+    params: &mut Params,
+) -> Vec<String> {
+    let one_aggregate = reservations.len() == 1;
+    let mut positions: BTreeMap<AggregateSql, i64> = BTreeMap::new();
+    rows.iter()
+        .map(|&(event, aggregate_id)| {
+            let key = (event.aggregate_type, aggregate_id);
+            let reservation = &reservations[&key];
+            let position = positions.entry(key).or_default();
+            *position += 1;
+            let last = if one_aggregate {
+                "(SELECT last_seq FROM reserved)".to_owned()
+            } else {
+                format!(
+                    "(SELECT last_seq FROM reserved WHERE aggregatetype = {} AND aggregateid = {})",
+                    reservation.aggregate_type, reservation.aggregate_id
+                )
+            };
+            let sequence = match reservation.count - *position {
+                0 => last,
+                offset => format!("{last} - {offset}"),
+            };
+            format!(
+                "({}, {}, {}, {}, {}, {}, {sequence}, {})",
+                params.bind(event.id, "uuid"),
+                reservation.aggregate_type,
+                reservation.aggregate_id,
+                params.bind(event.event_type, "text"),
+                params.bind(event.payload.as_str(), "jsonb"),
+                params.bind(i64::from(event.version), "int"),
+                params.bind(event.traceparent.clone(), "text"),
+            )
+        })
+        .collect()
 }
 
 /// The parameters of a statement under construction.

@@ -1,43 +1,146 @@
 //! What each subcommand does, on resolved settings.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
-use sea_orm::{ConnectOptions, Database};
+use sea_orm::{ConnectOptions, Database, DbErr};
 use sea_orm_migration::MigratorTrait;
 
 use crate::cdc::slot::{self as cdc_slot, SlotStatus};
-use crate::cdc::{CdcOptions, CdcRelay};
+use crate::cdc::{CdcError, CdcOptions, CdcRelay};
 use crate::cli::{
     CdcCommand, CleanupArgs, Cli, Command, DropSlotArgs, RetryArgs, RunMode, SinkKind, StatusArgs,
 };
 use crate::config::{
-    FileConfig, RunSettings, cleanup_retention, database_url, remember_credentials, slot_name,
+    FileConfig, RunSettings, SettingsError, cleanup_retention, database_url, remember_credentials,
+    slot_name,
 };
 use crate::database::Backend;
 use crate::health::{self, Health};
 use crate::message::TopicTemplate;
 use crate::progress::Progress;
 use crate::redact::{redact_text, redact_url};
-use crate::relay::{Relay, delete_published};
+use crate::relay::{Relay, RelayError, delete_published};
 use crate::server;
 use crate::shutdown::Shutdown;
 use crate::sink::Sink;
-use crate::sink::kafka::KafkaSink;
-use crate::sink::rabbitmq::RabbitMqSink;
+use crate::sink::kafka::{KafkaSetupError, KafkaSink};
+use crate::sink::rabbitmq::{RabbitMqSetupError, RabbitMqSink};
 use crate::sink::stdout::StdoutSink;
-use crate::source::{self, Source, SourceOptions, Status};
+use crate::source::{self, Source, SourceError, SourceOptions, Status};
 
-/// Runs the parsed command line. Settings that cannot work fail with a
-/// [`crate::config::SettingsError`] before anything connects.
-pub async fn execute(cli: Cli) -> anyhow::Result<()> {
+/// Why a subcommand failed. Each message is one line that names what
+/// failed and, where there is one, the fix.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// A setting the relay cannot work with: a usage error.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// Run settings that are each valid but do not suit the database
+    /// (CDC mode on a database other than PostgreSQL).
+    #[error(transparent)]
+    Unsuitable(Box<dyn std::error::Error + Send + Sync>),
+    /// The signal handlers could not be installed.
+    #[error("cannot install signal handlers")]
+    Signals(#[source] std::io::Error),
+    /// The Prometheus recorder could not be installed.
+    #[error("cannot install the metrics recorder")]
+    MetricsRecorder(#[source] metrics_exporter_prometheus::BuildError),
+    /// The metrics and health endpoint could not listen.
+    #[error("cannot serve metrics on {addr}")]
+    Serve {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why it could not be bound.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The database could not be reached (`migrate`, `cdc drop-slot`):
+    /// the URL (credentials masked) and why, TLS failures named.
+    #[error("{0}")]
+    Connect(crate::tls::ConnectFailure),
+    /// The migrations failed.
+    #[error("migrating {url} failed")]
+    Migrate {
+        /// The URL, credentials masked.
+        url: String,
+        /// SeaORM's error.
+        #[source]
+        source: DbErr,
+    },
+    /// `cdc drop-slot` on a database other than PostgreSQL.
+    #[error("replication slots exist on PostgreSQL only; the database URL is not postgres://")]
+    NotPostgres,
+    /// The publication could not be dropped.
+    #[error("cannot drop publication {publication}")]
+    DropPublication {
+        /// The publication.
+        publication: String,
+        /// The database's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// `status --max-lag`: the oldest pending row is older than allowed.
+    #[error("the oldest pending row is {age} old, over --max-lag {max_lag}")]
+    Lagging {
+        /// Its age, for humans.
+        age: String,
+        /// The limit, for humans.
+        max_lag: String,
+    },
+    /// The status could not be written as JSON.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// A source failed: connecting, claiming, marking, counting.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// The Kafka sink could not be set up.
+    #[error(transparent)]
+    Kafka(#[from] KafkaSetupError),
+    /// The RabbitMQ sink could not be set up.
+    #[error(transparent)]
+    RabbitMq(#[from] RabbitMqSetupError),
+    /// The polling relay stopped early.
+    #[error(transparent)]
+    Relay(#[from] RelayError),
+    /// CDC mode, or a replication slot command, failed.
+    #[error(transparent)]
+    Cdc(#[from] CdcError),
+}
+
+impl CommandError {
+    /// Whether this is a usage error (a setting out of range), which the
+    /// binary reports with clap's exit code for usage errors.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Settings(_))
+    }
+
+    /// Sorts out the errors of [`RunSettings::resolve`] (the one caller of
+    /// `anyhow` in this library, through `config`): settings errors stay
+    /// usage errors.
+    fn unsuitable(error: impl Into<anyhow::Error>) -> Self {
+        match error.into().downcast::<SettingsError>() {
+            Ok(settings) => Self::Settings(settings),
+            Err(other) => Self::Unsuitable(other.into()),
+        }
+    }
+}
+
+/// Runs the parsed command line. Settings that cannot work fail with
+/// [`CommandError::Settings`] before anything connects.
+pub async fn execute(cli: Cli) -> Result<(), CommandError> {
     let file = FileConfig::load(cli.global.config.as_deref())?;
     // Before anything connects: drivers may echo a credential in their
     // own words from here on.
     remember_credentials(&cli, &file);
     match cli.command {
-        Command::Run(args) => run(RunSettings::resolve(&cli.global, *args, &file)?).await,
+        Command::Run(args) => {
+            let settings = RunSettings::resolve(&cli.global, *args, &file)
+                .map_err(CommandError::unsuitable)?;
+            run(settings).await
+        }
         Command::Migrate => migrate(&database_url(&cli.global, &file)).await,
         Command::Status(args) => {
             let slot = slot_name(args.slot.clone(), &file)?;
@@ -52,11 +155,11 @@ pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-async fn run(settings: RunSettings) -> anyhow::Result<()> {
-    let shutdown = Shutdown::on_signals().context("cannot install signal handlers")?;
+async fn run(settings: RunSettings) -> Result<(), CommandError> {
+    let shutdown = Shutdown::on_signals().map_err(CommandError::Signals)?;
     // Installed first: joining the shards already records metrics.
     let metrics = match settings.metrics_addr {
-        Some(_) => Some(crate::metrics::install().context("cannot install the metrics recorder")?),
+        Some(_) => Some(crate::metrics::install().map_err(CommandError::MetricsRecorder)?),
         None => None,
     };
     // Connecting the source joins the shard owners (PostgreSQL, MariaDB):
@@ -91,7 +194,7 @@ async fn relay_from(
     postgres: Option<Arc<source::postgres::PostgresSource>>,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     shutdown: Shutdown,
-) -> anyhow::Result<()> {
+) -> Result<(), CommandError> {
     let sink: Arc<dyn Sink> = match settings.sink {
         SinkKind::Stdout => Arc::new(StdoutSink),
         SinkKind::Kafka => Arc::new(KafkaSink::connect(settings.kafka.clone()).await?),
@@ -116,14 +219,14 @@ async fn relay_from(
         ));
         server::serve(addr, metrics, health, shutdown.clone())
             .await
-            .with_context(|| format!("cannot serve metrics on {addr}"))?;
+            .map_err(|source| CommandError::Serve { addr, source })?;
     }
     let topics = TopicTemplate::new(settings.topic_template);
     match postgres {
         None => Relay::new(source, sink, topics, settings.relay)
             .run(shutdown)
             .await
-            .map_err(anyhow::Error::from),
+            .map_err(CommandError::from),
         Some(postgres) => {
             let options = CdcOptions {
                 slot: settings.slot,
@@ -138,33 +241,40 @@ async fn relay_from(
             CdcRelay::new(settings.database_url, postgres, sink, topics, options)
                 .run(shutdown)
                 .await
-                .map_err(anyhow::Error::from)
+                .map_err(CommandError::from)
         }
     }
 }
 
-async fn migrate(url: &str) -> anyhow::Result<()> {
+async fn migrate(url: &str) -> Result<(), CommandError> {
+    // `mariadb://` is `mysql://` to the driver.
+    let url = crate::database::DatabaseUrl::parse(url)
+        .map(|parsed| parsed.driver_url())
+        .unwrap_or_else(|_| url.to_owned());
     // Creating the tables may create the SQLite file as well.
-    let url = if Backend::of(url) == Some(Backend::Sqlite) && !url.contains("mode=") {
+    let url = if Backend::of(&url) == Some(Backend::Sqlite) && !url.contains("mode=") {
         format!("{url}{}mode=rwc", if url.contains('?') { '&' } else { '?' })
     } else {
-        url.to_owned()
+        url
     };
     let mut options = ConnectOptions::new(&url);
     options
         .sqlx_logging(false)
         .connect_timeout(Duration::from_secs(10));
-    let db = Database::connect(options)
-        .await
-        .map_err(|error| crate::tls::ConnectFailure::of_db_err(&url, &error))?;
+    let db = Database::connect(options).await.map_err(|error| {
+        CommandError::Connect(crate::tls::ConnectFailure::of_db_err(&url, &error))
+    })?;
     outbox_migrations::Migrator::up(&db, None)
         .await
-        .with_context(|| format!("migrating {} failed", redact_url(&url)))?;
+        .map_err(|source| CommandError::Migrate {
+            url: redact_url(&url),
+            source,
+        })?;
     eprintln!("the outbox tables in {} are up to date", redact_url(&url));
     Ok(())
 }
 
-async fn status(url: &str, args: &StatusArgs, slot: &str) -> anyhow::Result<()> {
+async fn status(url: &str, args: &StatusArgs, slot: &str) -> Result<(), CommandError> {
     let (mut status, slot) = if Backend::of(url) == Some(Backend::Postgres) {
         let postgres = source::connect_postgres(url, SourceOptions::default()).await?;
         let status = postgres.status().await?;
@@ -194,11 +304,10 @@ async fn status(url: &str, args: &StatusArgs, slot: &str) -> anyhow::Result<()> 
     if let (Some(max_lag), Some(age)) = (args.max_lag, status.backlog.oldest_pending_age_seconds)
         && age > max_lag.as_secs_f64()
     {
-        anyhow::bail!(
-            "the oldest pending row is {} old, over --max-lag {}",
-            format_age(age),
-            humantime::format_duration(max_lag)
-        );
+        return Err(CommandError::Lagging {
+            age: format_age(age),
+            max_lag: humantime::format_duration(max_lag).to_string(),
+        });
     }
     Ok(())
 }
@@ -276,18 +385,16 @@ fn slot_table(slot: &SlotStatus) -> String {
     )
 }
 
-async fn drop_slot(url: &str, slot: &str, args: &DropSlotArgs) -> anyhow::Result<()> {
+async fn drop_slot(url: &str, slot: &str, args: &DropSlotArgs) -> Result<(), CommandError> {
     if Backend::of(url) != Some(Backend::Postgres) {
-        anyhow::bail!(
-            "replication slots exist on PostgreSQL only; the database URL is not postgres://"
-        );
+        return Err(CommandError::NotPostgres);
     }
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_secs(10))
         .connect(url)
         .await
-        .map_err(|error| crate::tls::ConnectFailure::new(url, &error))?;
+        .map_err(|error| CommandError::Connect(crate::tls::ConnectFailure::new(url, &error)))?;
     if cdc_slot::drop_slot(&pool, slot).await? {
         eprintln!("dropped replication slot {slot}");
     } else {
@@ -301,17 +408,20 @@ async fn drop_slot(url: &str, slot: &str, args: &DropSlotArgs) -> anyhow::Result
         )))
         .execute(&pool)
         .await
-        .with_context(|| format!("cannot drop publication {publication}"))?;
+        .map_err(|source| CommandError::DropPublication {
+            publication: publication.clone(),
+            source,
+        })?;
         eprintln!("dropped publication {publication}");
     }
     pool.close().await;
     Ok(())
 }
 
-async fn cleanup(url: &str, args: &CleanupArgs, file: &FileConfig) -> anyhow::Result<()> {
+async fn cleanup(url: &str, args: &CleanupArgs, file: &FileConfig) -> Result<(), CommandError> {
     let retention = cleanup_retention(args, file)?;
     let source = source::connect(url, SourceOptions::default()).await?;
-    let shutdown = Shutdown::on_signals().context("cannot install signal handlers")?;
+    let shutdown = Shutdown::on_signals().map_err(CommandError::Signals)?;
     let mut progress = Progress::new("published rows deleted");
     delete_published(source.as_ref(), &retention, &shutdown, |deleted| {
         progress.add(deleted)
@@ -328,7 +438,7 @@ async fn cleanup(url: &str, args: &CleanupArgs, file: &FileConfig) -> anyhow::Re
 /// Rows per re-drive statement, so no statement holds locks for long.
 const REDRIVE_BATCH: u64 = 1000;
 
-async fn retry(url: &str, args: &RetryArgs) -> anyhow::Result<()> {
+async fn retry(url: &str, args: &RetryArgs) -> Result<(), CommandError> {
     let source = source::connect(url, SourceOptions::default()).await?;
     let mut progress = Progress::new("dead letters re-driven");
     loop {
@@ -348,6 +458,26 @@ async fn retry(url: &str, args: &RetryArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_errors_stay_usage_errors_and_causes_print_on_one_line() {
+        let missing = std::path::Path::new("/nonexistent/outbox-relay.toml");
+        let settings = FileConfig::load(Some(missing)).unwrap_err();
+        assert!(CommandError::from(settings).is_usage());
+        let settings = FileConfig::load(Some(missing)).unwrap_err();
+        let resolved = CommandError::unsuitable(anyhow::Error::from(settings));
+        assert!(resolved.is_usage(), "{resolved}");
+        let unsuitable = CommandError::unsuitable(anyhow::anyhow!("use --mode poll"));
+        assert!(!unsuitable.is_usage());
+        assert_eq!(unsuitable.to_string(), "use --mode poll");
+
+        let signals = CommandError::Signals(std::io::Error::other("no signal driver"));
+        assert!(matches!(signals, CommandError::Signals(_)));
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(signals)),
+            "cannot install signal handlers: no signal driver"
+        );
+    }
 
     #[test]
     fn slot_table_reads_well() {

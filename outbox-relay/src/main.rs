@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use outbox_relay::cli::{Cli, LogFormat, usage_error_line};
-use outbox_relay::config::SettingsError;
 use outbox_relay::redact::{self, RedactingStderr, redact_text};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::EnvFilter;
@@ -49,8 +48,11 @@ fn main() -> ExitCode {
     match runtime.block_on(outbox_relay::commands::execute(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
+            let usage = error.is_usage();
+            // The whole chain of causes, on one line, each cause once.
+            let error = anyhow::Error::from(error);
             eprintln!("error: {}", redact_text(&error_line(&error)));
-            if error.is::<SettingsError>() {
+            if usage {
                 ExitCode::from(USAGE_ERROR)
             } else {
                 ExitCode::FAILURE

@@ -6,12 +6,20 @@
 //! again after it, so an aggregate's events are never published out of order
 //! by a retry.
 //!
+//! The loop's decisions (what follows an empty claim, a failed send, a
+//! refused settle, a shutdown) are in `relay/cycle.rs`, without I/O;
+//! [`Relay::run`] performs what they say.
+//!
 //! A failing aggregate cools down (exponential backoff of its own, up to
 //! `max_backoff`) and is left out of the claims meanwhile, so one poison
 //! message slows only its own aggregate; the whole relay pauses only when a
 //! batch published nothing at all (an outage).
 
-use std::collections::{HashMap, HashSet};
+mod backoff;
+mod cycle;
+mod retention;
+
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,8 +29,13 @@ use crate::metrics::BatchObservation;
 use crate::record::OutboxRecord;
 use crate::shutdown::Shutdown;
 use crate::sink::{FailureKind, SendError, Sink};
-
 use crate::source::{AggregateKey, Claim, FailedRow, InFlight, Settlement, Source, SourceError};
+
+use backoff::Cooldown;
+pub(crate) use backoff::{Backoff, INITIAL_BACKOFF};
+use cycle::{Answer, Batch, Cycle, Sent, Step, Wait};
+pub(crate) use retention::run_retention;
+pub use retention::{Retention, delete_published};
 
 /// How the relay runs.
 #[derive(Debug, Clone)]
@@ -53,27 +66,6 @@ impl Default for RelayOptions {
             drain: false,
             retention: Some(Retention::default()),
             shutdown_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-/// Deletion of published rows older than a window.
-#[derive(Debug, Clone)]
-pub struct Retention {
-    /// Keep published rows this long.
-    pub keep_for: Duration,
-    /// Run the deletion this often.
-    pub interval: Duration,
-    /// Rows per `DELETE`, so no statement holds locks for long.
-    pub batch_size: u64,
-}
-
-impl Default for Retention {
-    fn default() -> Self {
-        Self {
-            keep_for: Duration::from_secs(7 * 24 * 3600),
-            interval: Duration::from_secs(600),
-            batch_size: 1000,
         }
     }
 }
@@ -163,114 +155,32 @@ impl Relay {
                 shutdown.clone(),
             ))
         });
-        let mut backoff = Backoff::new(INITIAL_BACKOFF, self.options.max_backoff);
-        let mut outcome = Ok(());
-        // The batch the sink answered last, until its settle commits.
-        let mut answered: Option<Answered> = None;
-        // The batch claimed while `answered` was at the sink.
-        let mut ahead: Option<Claimed> = None;
-        let mut next = Next::Claim;
-        while !shutdown.is_requested() {
-            let batch = match ahead.take() {
-                Some(batch) => batch,
-                None => {
-                    // The last batch settles while the loop waits.
-                    let (settled, ()) = tokio::join!(
-                        self.commit_if_any(answered.take()),
-                        self.pause(next, &shutdown)
-                    );
-                    if let Err(error) = settled {
-                        next = Next::Sleep(database_failed(&mut backoff, &error));
-                        continue;
-                    }
-                    if shutdown.is_requested() {
-                        break;
-                    }
-                    let batch = match self.claim().await {
-                        Ok(batch) => batch,
-                        Err(error) => {
-                            next = Next::Sleep(database_failed(&mut backoff, &error));
-                            continue;
-                        }
-                    };
-                    if batch.claim.records().is_empty() {
-                        if let Err(error) = batch.claim.settle(&Settlement::default()).await {
-                            next = Next::Sleep(database_failed(&mut backoff, &error));
-                            continue;
-                        }
-                        // Other instances' shards (or shards whose dead
-                        // owner's lease has not expired yet) may still hold
-                        // rows.
-                        if self.options.drain && self.nothing_pending().await {
-                            break;
-                        }
-                        backoff.reset();
-                        next = Next::WaitForRows;
-                        continue;
-                    }
-                    batch
+        let mut cycle = Cycle::new(&self.options);
+        let mut step = cycle::start();
+        let (answered, outcome) = loop {
+            step = match step {
+                Step::Wait { answered, wait } => {
+                    let (settled, ()) =
+                        tokio::join!(self.commit_if_any(answered), self.pause(wait, &shutdown));
+                    cycle.waited(settled, shutdown.is_requested())
                 }
-            };
-
-            // A full batch suggests more rows: claim the next one while this
-            // one is at the sink, once the previous batch has settled.
-            let in_flight = if batch.claim.records().len() == self.options.batch_size {
-                InFlight::of(batch.claim.records())
-            } else {
-                InFlight::default()
-            };
-            let previous = answered.take();
-            let database = async {
-                let settled = self.commit_if_any(previous).await;
-                let ahead = match &settled {
-                    Ok(()) if !in_flight.is_empty() => self.claim_ahead(&in_flight).await,
-                    _ => Ok(None),
-                };
-                (settled, ahead)
-            };
-            let (sent, (settled, claimed_ahead)) = tokio::join!(self.send(batch), database);
-            if let Err(error) = settled {
-                // Both batches stay pending, so no aggregate has a later
-                // event marked while an earlier one is not.
-                next = Next::Sleep(database_failed(&mut backoff, &error));
-                continue;
-            }
-            let claimed_ahead = claimed_ahead.unwrap_or_else(|error| {
-                tracing::warn!(%error, "cannot claim the next batch ahead; claiming after the settle");
-                None
-            });
-            let sent = match sent {
-                Sent::Answered(sent) => sent,
-                Sent::Abandoned => {
-                    next = Next::Claim;
-                    continue;
+                Step::Claim => cycle.claimed(self.claim().await),
+                Step::ReleaseEmpty(batch) => {
+                    cycle.released(batch.claim.settle(&Settlement::default()).await)
                 }
-            };
-            let report = &sent.report;
-            if let Some(reason) = report.sink_closed.clone() {
-                if let Err(error) = self.commit(sent).await {
-                    tracing::error!(%error, "cannot mark the acknowledged rows; they stay pending");
+                Step::CheckDrained => cycle.checked_drained(self.nothing_pending().await),
+                Step::Send {
+                    batch,
+                    answered,
+                    claim_ahead,
+                } => {
+                    let (sent, settled, ahead) =
+                        self.send_and_settle(batch, answered, claim_ahead).await;
+                    cycle.sent(sent, settled, ahead, shutdown.is_requested())
                 }
-                outcome = Err(RelayError::SinkClosed(reason));
-                break;
-            }
-            next = if report.failed > 0 && report.published == 0 {
-                // Nothing got through: an outage, not a poison message.
-                Next::Sleep(backoff.next())
-            } else {
-                backoff.reset();
-                if report.claimed == self.options.batch_size || self.options.drain {
-                    Next::Claim
-                } else {
-                    Next::WaitForRows
-                }
+                Step::Stop { answered, outcome } => break (answered, outcome),
             };
-            if report.published == report.claimed {
-                ahead = claimed_ahead;
-            }
-            answered = Some(sent);
-        }
-        drop(ahead);
+        };
         if let Some(answered) = answered
             && let Err(error) = self.commit(answered).await
         {
@@ -289,6 +199,36 @@ impl Relay {
         outcome
     }
 
+    /// Sends `batch` while the database settles the batch `answered` before
+    /// it and then, if `claim_ahead`, claims the next batch, each aggregate
+    /// after its rows in `batch`.
+    async fn send_and_settle(
+        &self,
+        batch: Claimed,
+        answered: Option<Answered>,
+        claim_ahead: bool,
+    ) -> (
+        Sent<Answered>,
+        Result<(), SourceError>,
+        Result<Option<Claimed>, SourceError>,
+    ) {
+        let in_flight = if claim_ahead {
+            InFlight::of(batch.claim.records())
+        } else {
+            InFlight::default()
+        };
+        let database = async {
+            let settled = self.commit_if_any(answered).await;
+            let ahead = match &settled {
+                Ok(()) if !in_flight.is_empty() => self.claim_ahead(&in_flight).await,
+                _ => Ok(None),
+            };
+            (settled, ahead)
+        };
+        let (sent, (settled, ahead)) = tokio::join!(self.send(batch), database);
+        (sent, settled, ahead)
+    }
+
     /// Settles `answered`, if there is a batch waiting.
     async fn commit_if_any(&self, answered: Option<Answered>) -> Result<(), SourceError> {
         match answered {
@@ -297,13 +237,13 @@ impl Relay {
         }
     }
 
-    /// Waits as `next` says, or until shutdown is requested.
-    async fn pause(&self, next: Next, shutdown: &Shutdown) {
+    /// Waits as `wait` says, or until shutdown is requested.
+    async fn pause(&self, wait: Wait, shutdown: &Shutdown) {
         let wait = async {
-            match next {
-                Next::Claim => {}
-                Next::WaitForRows => self.source.wait_for_rows(self.options.poll_interval).await,
-                Next::Sleep(pause) => tokio::time::sleep(pause).await,
+            match wait {
+                Wait::Skip => {}
+                Wait::ForRows => self.source.wait_for_rows(self.options.poll_interval).await,
+                Wait::Backoff(pause) => tokio::time::sleep(pause).await,
             }
         };
         tokio::select! {
@@ -375,7 +315,7 @@ impl Relay {
     }
 
     /// Publishes a claimed batch and decides each row's fate.
-    async fn send(&self, batch: Claimed) -> Sent {
+    async fn send(&self, batch: Claimed) -> Sent<Answered> {
         let Claimed { claim, claimed_at } = batch;
         let records = claim.records();
         if !claim.lease_valid() {
@@ -461,14 +401,6 @@ struct Claimed {
     claimed_at: Instant,
 }
 
-/// What sending a batch came to.
-enum Sent {
-    /// The sink answered every row.
-    Answered(Answered),
-    /// The shard lease ran out: nothing was sent, the claim is released.
-    Abandoned,
-}
-
 /// A batch the sink answered, waiting for its settle.
 struct Answered {
     claim: Box<dyn Claim>,
@@ -477,22 +409,16 @@ struct Answered {
     report: BatchReport,
 }
 
-/// What the loop does before its next claim.
-#[derive(Debug, Clone, Copy)]
-enum Next {
-    /// Claim at once: the last batch was full.
-    Claim,
-    /// Wait for new rows, at most the poll interval.
-    WaitForRows,
-    /// Pause after a failure.
-    Sleep(Duration),
+impl Batch for Claimed {
+    fn rows(&self) -> usize {
+        self.claim.records().len()
+    }
 }
 
-/// Logs a failed claim or settle and returns the pause before the next try.
-fn database_failed(backoff: &mut Backoff, error: &SourceError) -> Duration {
-    let pause = backoff.next();
-    tracing::error!(%error, retry_in = ?pause, "cannot claim or mark outbox rows");
-    pause
+impl Answer for Answered {
+    fn report(&self) -> &BatchReport {
+        &self.report
+    }
 }
 
 /// Decides the fate of each claimed row from the sink's outcomes.
@@ -531,135 +457,6 @@ pub fn settle(
         }
     }
     settlement
-}
-
-/// Deletes old published rows every `retention.interval`.
-pub(crate) async fn run_retention(
-    source: Arc<dyn Source>,
-    retention: Retention,
-    shutdown: Shutdown,
-) {
-    loop {
-        tokio::select! {
-            () = shutdown.requested() => return,
-            () = tokio::time::sleep(retention.interval) => {}
-        }
-        match delete_published(source.as_ref(), &retention, &shutdown, |_| {}).await {
-            Ok(0) => {}
-            Ok(deleted) => tracing::info!(deleted, "deleted published rows past retention"),
-            Err(error) => {
-                tracing::warn!(%error, "retention cleanup failed; retrying next interval")
-            }
-        }
-    }
-}
-
-/// Deletes published rows older than the window in batches, reporting
-/// each batch to `progress`; returns how many.
-pub async fn delete_published(
-    source: &dyn Source,
-    retention: &Retention,
-    shutdown: &Shutdown,
-    mut progress: impl FnMut(u64),
-) -> Result<u64, SourceError> {
-    let mut total = 0;
-    loop {
-        let deleted = source
-            .delete_published(retention.keep_for, retention.batch_size)
-            .await?;
-        total += deleted;
-        progress(deleted);
-        if deleted < retention.batch_size || shutdown.is_requested() {
-            return Ok(total);
-        }
-    }
-}
-
-/// The first pause after a failure, for the relay and for an aggregate.
-pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
-
-/// Aggregates whose last attempt failed, with when they may be tried again.
-#[derive(Debug)]
-struct Cooldown {
-    initial: Duration,
-    max: Duration,
-    aggregates: HashMap<AggregateKey, (Instant, Duration)>,
-}
-
-impl Cooldown {
-    fn new(initial: Duration, max: Duration) -> Self {
-        Self {
-            initial,
-            max,
-            aggregates: HashMap::new(),
-        }
-    }
-
-    /// Aggregates still cooling down at `now`, to leave out of the claim.
-    fn cooling(&self, now: Instant) -> Vec<AggregateKey> {
-        let mut cooling: Vec<AggregateKey> = self
-            .aggregates
-            .iter()
-            .filter(|(_, (until, _))| *until > now)
-            .map(|(key, _)| key.clone())
-            .collect();
-        cooling.sort();
-        cooling
-    }
-
-    /// A published row ends its aggregate's cooldown; a failed one starts
-    /// or doubles it; a dead-lettered one ends it, so later events proceed.
-    fn record(&mut self, records: &[OutboxRecord], settlement: &Settlement, now: Instant) {
-        let published: HashSet<&str> = settlement.published.iter().map(String::as_str).collect();
-        let failed: HashMap<&str, &FailedRow> = settlement
-            .failed
-            .iter()
-            .map(|row| (row.id.as_str(), row))
-            .collect();
-        for record in records {
-            let key = AggregateKey::of(record);
-            if published.contains(record.id.as_str()) {
-                self.aggregates.remove(&key);
-            } else if let Some(row) = failed.get(record.id.as_str()) {
-                if row.dead_letter {
-                    self.aggregates.remove(&key);
-                } else {
-                    let pause = match self.aggregates.get(&key) {
-                        Some((_, previous)) => (*previous * 2).min(self.max),
-                        None => self.initial,
-                    };
-                    self.aggregates.insert(key, (now + pause, pause));
-                }
-            }
-        }
-    }
-}
-
-/// Exponential backoff with a cap.
-pub(crate) struct Backoff {
-    initial: Duration,
-    max: Duration,
-    current: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(initial: Duration, max: Duration) -> Self {
-        Self {
-            initial,
-            max,
-            current: initial,
-        }
-    }
-
-    pub(crate) fn next(&mut self) -> Duration {
-        let pause = self.current;
-        self.current = (self.current * 2).min(self.max);
-        pause
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.current = self.initial;
-    }
 }
 
 #[cfg(test)]
@@ -742,59 +539,5 @@ mod tests {
                 ("c1".into(), false)
             ]
         );
-    }
-
-    #[test]
-    fn failing_aggregates_cool_down_and_recover() {
-        let mut cooldown = Cooldown::new(Duration::from_millis(100), Duration::from_millis(300));
-        let records = [record("a1", "a", 0), record("b1", "b", 0)];
-        let failed_a = Settlement {
-            published: vec!["b1".into()],
-            failed: vec![FailedRow {
-                id: "a1".into(),
-                error: "refused".into(),
-                dead_letter: false,
-            }],
-        };
-        let start = Instant::now();
-        cooldown.record(&records, &failed_a, start);
-        let keys = |keys: Vec<AggregateKey>| -> Vec<String> {
-            keys.into_iter().map(|key| key.aggregate_id).collect()
-        };
-        assert_eq!(keys(cooldown.cooling(start)), ["a"]);
-        assert!(
-            cooldown
-                .cooling(start + Duration::from_millis(150))
-                .is_empty()
-        );
-        // Failing again doubles the pause, up to the cap.
-        cooldown.record(&records, &failed_a, start);
-        cooldown.record(&records, &failed_a, start);
-        cooldown.record(&records, &failed_a, start);
-        assert_eq!(
-            keys(cooldown.cooling(start + Duration::from_millis(250))),
-            ["a"]
-        );
-        assert!(
-            cooldown
-                .cooling(start + Duration::from_millis(350))
-                .is_empty()
-        );
-        // Success or a dead letter ends it.
-        let a_published = Settlement {
-            published: vec!["a1".into()],
-            failed: vec![],
-        };
-        cooldown.record(&records, &a_published, start);
-        assert!(cooldown.cooling(start).is_empty());
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_its_cap() {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
-        let pauses: Vec<_> = (0..4).map(|_| backoff.next().as_millis()).collect();
-        assert_eq!(pauses, [100, 200, 350, 350]);
-        backoff.reset();
-        assert_eq!(backoff.next().as_millis(), 100);
     }
 }

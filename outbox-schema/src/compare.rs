@@ -6,7 +6,7 @@
 //! located so the derive can point at the field (or the version attribute
 //! for removals).
 
-use crate::schema_lock::{EventEntry, Lock, RECORD_COMMAND};
+use crate::schema_lock::{EventEntry, FieldEntry, Lock, RECORD_COMMAND};
 use crate::shape::{Change, Message, Problem, field_problem};
 
 /// Where in the event struct a finding belongs.
@@ -210,47 +210,9 @@ fn compare_fields(
             if let Some(problem) = field_problem("", "", &old.shape(), &shape) {
                 report(findings, Site::Field(index), &problem);
             }
-            continue;
-        }
-        // Gone under its name: renamed if a new field has its Rust name, or
-        // is the only new field of its type; else removed.
-        let same_rust = unrecorded
-            .iter()
-            .copied()
-            .find(|&i| actual.fields[i].rust_name() == old.rust_name());
-        let same_type: Vec<usize> = unrecorded
-            .iter()
-            .copied()
-            .filter(|&i| actual.fields[i].ty == old.ty && !renamed_to.contains(&i))
-            .collect();
-        let renamed = same_rust.or(match same_type.as_slice() {
-            [only] => Some(*only),
-            _ => None,
-        });
-        match renamed {
-            Some(index) if !renamed_to.contains(&index) => {
-                renamed_to.push(index);
-                let problem = Problem {
-                    change: Change::FieldRenamed,
-                    ty: "",
-                    variant: "",
-                    item: &actual.fields[index].name,
-                    from: &old.name,
-                    to: &actual.fields[index].name,
-                };
-                report(findings, Site::Field(index), &problem);
-            }
-            _ => {
-                let problem = Problem {
-                    change: Change::FieldRemoved,
-                    ty: "",
-                    variant: "",
-                    item: &old.name,
-                    from: "",
-                    to: "",
-                };
-                report(findings, Site::Version, &problem);
-            }
+        } else {
+            let (site, problem) = gone_field(old, actual, &unrecorded, &mut renamed_to);
+            report(findings, site, &problem);
         }
     }
     for index in unrecorded {
@@ -272,6 +234,56 @@ fn compare_fields(
         Site::Field(index) => index,
         _ => usize::MAX,
     });
+}
+
+/// The finding for a recorded field gone under its name: renamed if a new
+/// field (`unrecorded`, by index) has its Rust name, or is the only new
+/// field of its type; else removed. `renamed_to` collects the new fields
+/// taken as renames.
+fn gone_field<'a>(
+    old: &'a FieldEntry,
+    actual: &'a EventEntry,
+    unrecorded: &[usize],
+    renamed_to: &mut Vec<usize>,
+) -> (Site, Problem<'a>) {
+    let same_rust = unrecorded
+        .iter()
+        .copied()
+        .find(|&i| actual.fields[i].rust_name() == old.rust_name());
+    let same_type: Vec<usize> = unrecorded
+        .iter()
+        .copied()
+        .filter(|&i| actual.fields[i].ty == old.ty && !renamed_to.contains(&i))
+        .collect();
+    let renamed = same_rust.or(match same_type.as_slice() {
+        [only] => Some(*only),
+        _ => None,
+    });
+    match renamed {
+        Some(index) if !renamed_to.contains(&index) => {
+            renamed_to.push(index);
+            let problem = Problem {
+                change: Change::FieldRenamed,
+                ty: "",
+                variant: "",
+                item: &actual.fields[index].name,
+                from: &old.name,
+                to: &actual.fields[index].name,
+            };
+            (Site::Field(index), problem)
+        }
+        _ => {
+            let problem = Problem {
+                change: Change::FieldRemoved,
+                ty: "",
+                variant: "",
+                item: &old.name,
+                from: "",
+                to: "",
+            };
+            (Site::Version, problem)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -29,28 +29,36 @@
 //! process still holds the slot, so one that lost it (paused, then resumed)
 //! sends nothing more; what was handed over before the pause may still go
 //! out.
+//!
+//! The decisions are two state machines without I/O: `sessions.rs` (read
+//! the slot, stand by, reconnect, stop) and `stream.rs` (between
+//! transactions or in one; committed transactions ready, sending,
+//! acknowledged, marking, confirmed). The session code here performs what
+//! they say.
 
 mod error;
 pub mod pgoutput;
+mod sessions;
 pub mod slot;
+mod stream;
 
 pub use error::{CdcError, OBJECT_IN_USE, sqlstate};
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig};
 
 use crate::message::{Message, TopicTemplate};
 use crate::metrics;
-use crate::record::OutboxRecord;
-use crate::relay::{Backoff, INITIAL_BACKOFF, RelayError, Retention, run_retention};
+use crate::relay::{Backoff, INITIAL_BACKOFF, Retention, run_retention};
 use crate::shutdown::Shutdown;
 use crate::sink::{FailureKind, Sink};
 use crate::source::Settlement;
 use crate::source::postgres::PostgresSource;
+use sessions::{AfterSession, ReaderWatch, SessionEnd, Sessions};
+use stream::{Committed, Delivered, Stream};
 
 /// A reader whose server process took in no status update from it for
 /// this long, while waiting on it, has stopped making progress (paused,
@@ -121,31 +129,6 @@ pub struct CdcRelay {
     options: CdcOptions,
 }
 
-/// Why a replication session ended.
-enum SessionEnd {
-    /// Shutdown was requested.
-    Stopped,
-    /// Another relay reads the slot.
-    SlotInUse,
-    /// Another relay took the slot over while this one was reading it.
-    SlotLost,
-    /// The sink can take no more messages.
-    SinkClosed(String),
-    /// The session could not start.
-    NotStarted(CdcError),
-    /// The session broke after it started.
-    Broken(CdcError),
-}
-
-/// A committed transaction with inserts into the outbox table.
-struct Committed {
-    records: Vec<OutboxRecord>,
-    /// The transaction's commit time, in microseconds since the Unix epoch.
-    commit_time_micros: i64,
-    /// Confirmable once the records are acknowledged.
-    end_lsn: Lsn,
-}
-
 /// Why a batch was not delivered.
 enum Undelivered {
     /// The sink closed, for this reason.
@@ -196,62 +179,11 @@ impl Ownership {
     }
 }
 
-/// What a standby saw of the relay reading the slot.
-#[derive(Debug, Default)]
-struct ReaderWatch {
-    /// The reader's server process, the last status update it took in, and
-    /// since when both are unchanged.
-    seen: Option<(i32, Option<String>, Instant)>,
-    /// Consecutive checks that found that process waiting on its client.
-    waiting: u32,
-    /// The server process whose state was logged already.
-    noted: Option<i32>,
-}
+/// A batch at the sink: acknowledged in full, or why not.
+type Sending = BoxFuture<'static, Result<Delivered, Undelivered>>;
 
-impl ReaderWatch {
-    /// How long the reader has been silent, once that is [`READER_SILENCE`]
-    /// or more: no new status update taken in, while its server process
-    /// waits on it (at the last two checks), so it would take one in. A
-    /// process busy decoding a large transaction takes none in for a while,
-    /// but does not wait on its client meanwhile.
-    fn silent_for(&mut self, reader: &slot::SlotReader, now: Instant) -> Option<Duration> {
-        let since = match &self.seen {
-            Some((pid, reply, since)) if *pid == reader.pid && *reply == reader.reply_time => {
-                *since
-            }
-            _ => {
-                self.seen = Some((reader.pid, reader.reply_time.clone(), now));
-                self.waiting = 0;
-                now
-            }
-        };
-        self.waiting = if reader.waiting_on_client {
-            self.waiting + 1
-        } else {
-            0
-        };
-        let silent = now.duration_since(since);
-        (silent >= READER_SILENCE && self.waiting >= 2).then_some(silent)
-    }
-
-    /// Whether `pid`'s state is news to log: once per server process.
-    fn first_note(&mut self, pid: i32) -> bool {
-        self.noted.replace(pid) != Some(pid)
-    }
-}
-
-/// A batch whose every message the sink acknowledged.
-struct Delivered {
-    /// The event ids, to mark.
-    ids: Vec<String>,
-    end_lsn: Lsn,
-}
-
-/// Batches of committed transactions read ahead of the one in flight.
-const BUFFERED_BATCHES: usize = 4;
-
-/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
-const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
+/// A batch being marked: the position to confirm once it is.
+type Marking = BoxFuture<'static, Result<Lsn, CdcError>>;
 
 impl CdcRelay {
     /// A CDC relay reading the database of `database_url`, whose outbox
@@ -277,6 +209,51 @@ impl CdcRelay {
     /// when the server cannot do logical decoding, the slot or publication
     /// cannot be created, the first connection fails, or the sink closed.
     pub async fn run(&self, shutdown: Shutdown) -> Result<(), CdcError> {
+        let (config, outbox_oid) = self.prepare().await?;
+        let background = self.spawn_background(&shutdown);
+        tracing::info!(
+            slot = %self.options.slot,
+            publication = %self.options.publication,
+            "CDC mode: reading the outbox table's inserts from the write-ahead log"
+        );
+        let mut sessions = Sessions::new(
+            self.options.slot.clone(),
+            self.options.standby_retry,
+            self.options.max_backoff,
+        );
+        let outcome = loop {
+            if shutdown.is_requested() {
+                break Ok(());
+            }
+            let end = if sessions.checks_reader() && self.slot_in_use(&mut sessions.watch).await {
+                SessionEnd::SlotInUse
+            } else {
+                self.session(&config, outbox_oid, &shutdown).await
+            };
+            let pause = match sessions.ended(end) {
+                AfterSession::Stop(outcome) => break outcome,
+                AfterSession::Retry(pause) => pause,
+            };
+            tokio::select! {
+                () = shutdown.requested() => {}
+                () = tokio::time::sleep(pause) => {}
+            }
+            if let Err(error) = slot::ensure_slot(self.source.pool(), &self.options.slot).await {
+                tracing::warn!(error = %format!("{error:#}"), "cannot check the replication slot");
+            }
+        };
+        self.sink.flush(self.options.shutdown_timeout).await;
+        for task in background {
+            task.abort();
+        }
+        metrics::record_cdc_reading(false);
+        tracing::info!("relay stopped");
+        outcome
+    }
+
+    /// Checks the server, creates the publication and slot if missing, and
+    /// returns the replication settings and the outbox table's oid.
+    async fn prepare(&self) -> Result<(ReplicationConfig, u32), CdcError> {
         let pool = self.source.pool();
         slot::check_wal_level(pool).await?;
         slot::ensure_publication(pool, &self.options.publication).await?;
@@ -291,7 +268,12 @@ impl CdcRelay {
         // standby takes silence for a reader that stopped.
         .with_status_interval(self.options.status_interval)
         .with_wakeup_interval(self.options.status_interval);
-        let background: Vec<_> = [
+        Ok((config, outbox_oid))
+    }
+
+    /// Starts retention and the slot gauges, as configured.
+    fn spawn_background(&self, shutdown: &Shutdown) -> Vec<tokio::task::JoinHandle<()>> {
+        [
             self.options.retention.clone().map(|retention| {
                 tokio::spawn(run_retention(
                     self.source.clone(),
@@ -310,89 +292,7 @@ impl CdcRelay {
         ]
         .into_iter()
         .flatten()
-        .collect();
-        tracing::info!(
-            slot = %self.options.slot,
-            publication = %self.options.publication,
-            "CDC mode: reading the outbox table's inserts from the write-ahead log"
-        );
-        let mut backoff = Backoff::new(INITIAL_BACKOFF, self.options.max_backoff);
-        let mut standing_by = false;
-        // Only a first connection that fails is fatal (bad URL, password,
-        // privileges); later failures are outages, retried.
-        let mut first_attempt = true;
-        let mut watch = ReaderWatch::default();
-        let outcome = loop {
-            if shutdown.is_requested() {
-                break Ok(());
-            }
-            // A standby asks about the reader over an ordinary connection
-            // rather than asking for the slot, which the server refuses.
-            let end = if !first_attempt && self.slot_in_use(&mut watch).await {
-                SessionEnd::SlotInUse
-            } else {
-                self.session(&config, outbox_oid, &shutdown).await
-            };
-            if !matches!(end, SessionEnd::SlotInUse) {
-                watch = ReaderWatch::default();
-            }
-            let broken = matches!(end, SessionEnd::Broken(_));
-            let pause = match end {
-                SessionEnd::Stopped => break Ok(()),
-                SessionEnd::SinkClosed(reason) => break Err(RelayError::SinkClosed(reason).into()),
-                SessionEnd::SlotInUse => {
-                    if !standing_by {
-                        tracing::info!(
-                            slot = %self.options.slot,
-                            retry_every = ?self.options.standby_retry,
-                            "another server process holds the replication slot (another relay, \
-                             or this relay's previous session until the server ends it); \
-                             standing by until it is released"
-                        );
-                        standing_by = true;
-                    }
-                    metrics::record_cdc_reading(false);
-                    self.options.standby_retry
-                }
-                SessionEnd::SlotLost => {
-                    tracing::warn!(
-                        slot = %self.options.slot,
-                        "another relay took the replication slot over while this one made no \
-                         progress; what this one had read and not sent is left to it; standing by"
-                    );
-                    standing_by = true;
-                    metrics::record_cdc_reading(false);
-                    self.options.standby_retry
-                }
-                SessionEnd::NotStarted(error) if first_attempt => break Err(error),
-                SessionEnd::NotStarted(error) | SessionEnd::Broken(error) => {
-                    standing_by = false;
-                    metrics::record_cdc_reading(false);
-                    if broken {
-                        // It had been reading: this failure is a fresh one.
-                        backoff.reset();
-                    }
-                    let pause = backoff.next();
-                    tracing::error!(error = %format!("{error:#}"), retry_in = ?pause, "replication stream failed; reconnecting");
-                    pause
-                }
-            };
-            first_attempt = false;
-            tokio::select! {
-                () = shutdown.requested() => {}
-                () = tokio::time::sleep(pause) => {}
-            }
-            if let Err(error) = slot::ensure_slot(pool, &self.options.slot).await {
-                tracing::warn!(error = %format!("{error:#}"), "cannot check the replication slot");
-            }
-        };
-        self.sink.flush(self.options.shutdown_timeout).await;
-        for task in background {
-            task.abort();
-        }
-        metrics::record_cdc_reading(false);
-        tracing::info!("relay stopped");
-        outcome
+        .collect()
     }
 
     /// Whether another process reads the slot, as a standby sees it. A
@@ -510,6 +410,8 @@ impl CdcRelay {
         end
     }
 
+    /// Reads, sends, marks and confirms as [`Stream`] says until the
+    /// session ends.
     async fn stream(
         &self,
         client: &mut ReplicationClient,
@@ -517,57 +419,28 @@ impl CdcRelay {
         ownership: &Ownership,
         shutdown: &Shutdown,
     ) -> Result<SessionEnd, CdcError> {
-        let mut decoder = pgoutput::Decoder::new(outbox_oid);
-        let mut open: Option<Committed> = None;
-        let mut ready: VecDeque<Committed> = VecDeque::new();
-        let mut in_flight: Option<BoxFuture<'static, Result<Delivered, Undelivered>>> = None;
-        // Acknowledged batches wait here to be marked and confirmed, one at
-        // a time and in order, while the next batch is already being sent.
-        let mut acknowledged: VecDeque<Delivered> = VecDeque::new();
-        let mut settling: Option<BoxFuture<'static, Result<Lsn, CdcError>>> = None;
-        // A position past everything read, to confirm once nothing before
-        // it is left unconfirmed.
-        let mut idle_position: Option<Lsn> = None;
-        // Records in `ready`.
-        let mut buffered = 0usize;
+        let mut stream = Stream::new(outbox_oid, self.options.batch_size);
+        let mut sending: Option<Sending> = None;
+        let mut marking: Option<Marking> = None;
         let mut last_message = Instant::now();
         let mut heartbeat = tokio::time::interval(self.options.heartbeat_interval);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if in_flight.is_none() && !ready.is_empty() {
-                let batch = take_batch(&mut ready, self.options.batch_size);
-                buffered -= batch.iter().map(|c| c.records.len()).sum::<usize>();
-                in_flight = Some(self.deliver(batch, ownership.clone()));
+            if let Some(batch) = stream.next_batch() {
+                sending = Some(self.deliver(batch, ownership.clone()));
             }
-            if settling.is_none()
-                && let Some(delivered) = acknowledged.pop_front()
-            {
-                settling = Some(self.settle(delivered));
+            if let Some(delivered) = stream.next_mark() {
+                marking = Some(self.settle(delivered));
             }
             tokio::select! {
                 biased;
                 () = shutdown.requested() => {
-                    if let Some(batch) = in_flight.take()
-                        && let Ok(Ok(delivered)) =
-                            tokio::time::timeout(self.options.shutdown_timeout, batch).await
-                    {
-                        acknowledged.push_back(delivered);
-                    }
-                    if let Some(settle) = settling.take() {
-                        client.update_applied_lsn(settle.await?);
-                    }
-                    for delivered in acknowledged.drain(..) {
-                        client.update_applied_lsn(self.settle(delivered).await?);
-                    }
-                    // The worker reports the last confirmed position within
-                    // the status interval.
-                    tokio::time::sleep(self.options.status_interval + Duration::from_millis(200)).await;
-                    return Ok(SessionEnd::Stopped);
+                    return self.stop(client, &mut stream, sending.take(), marking.take()).await;
                 }
-                outcome = async { in_flight.as_mut().expect("guarded").await }, if in_flight.is_some() => {
-                    in_flight = None;
+                outcome = async { sending.as_mut().expect("guarded").await }, if sending.is_some() => {
+                    sending = None;
                     match outcome {
-                        Ok(delivered) => acknowledged.push_back(delivered),
+                        Ok(delivered) => stream.acknowledged(delivered),
                         Err(Undelivered::SinkClosed(reason)) => {
                             return Ok(SessionEnd::SinkClosed(reason));
                         }
@@ -575,69 +448,21 @@ impl CdcRelay {
                         Err(Undelivered::Unconfirmed(error)) => return Err(error),
                     }
                 }
-                confirmed = async { settling.as_mut().expect("guarded").await }, if settling.is_some() => {
-                    settling = None;
-                    client.update_applied_lsn(confirmed?);
-                    if in_flight.is_none()
-                        && ready.is_empty()
-                        && acknowledged.is_empty()
-                        && let Some(position) = idle_position.take()
-                    {
+                confirmed = async { marking.as_mut().expect("guarded").await }, if marking.is_some() => {
+                    marking = None;
+                    for position in stream.marked(confirmed?) {
                         client.update_applied_lsn(position);
                     }
                 }
-                // While the sink is slow or down, stop reading once a few
-                // batches wait: the server holds the rest in its WAL.
-                event = client.recv(), if buffered < self.options.batch_size.saturating_mul(BUFFERED_BATCHES) => {
+                event = client.recv(), if stream.reads() => {
                     last_message = Instant::now();
                     let event = match event {
                         Ok(Some(event)) => event,
                         Ok(None) => return Err(CdcError::StreamEnded),
                         Err(error) => return Err(replication_error(error)),
                     };
-                    let position = match event {
-                        ReplicationEvent::Begin { commit_time_micros, .. } => {
-                            open = Some(Committed {
-                                records: Vec::new(),
-                                commit_time_micros: commit_time_micros + POSTGRES_EPOCH_MICROS,
-                                end_lsn: Lsn::ZERO,
-                            });
-                            None
-                        }
-                        ReplicationEvent::XLogData { data, .. } => {
-                            if let Some(record) = decoder.decode(&data)? {
-                                open.as_mut()
-                                    .ok_or(CdcError::InsertOutsideTransaction)?
-                                    .records
-                                    .push(record);
-                            }
-                            None
-                        }
-                        ReplicationEvent::Commit { end_lsn, .. } => match open.take() {
-                            Some(mut committed) if !committed.records.is_empty() => {
-                                committed.end_lsn = end_lsn;
-                                buffered += committed.records.len();
-                                ready.push_back(committed);
-                                None
-                            }
-                            _ => Some(end_lsn),
-                        },
-                        ReplicationEvent::KeepAlive { wal_end, .. } => Some(wal_end),
-                        ReplicationEvent::Message { lsn, transactional: false, .. } => Some(lsn),
-                        ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => None,
-                    };
-                    // A position with nothing before it left to deliver:
-                    // confirming it lets the server release WAL on a quiet table.
-                    if let Some(position) = position.filter(|lsn| !lsn.is_zero())
-                        && open.is_none()
-                    {
-                        if let Some(last) = ready.back_mut() {
-                            last.end_lsn = last.end_lsn.max(position);
-                        } else if in_flight.is_some() || settling.is_some() || !acknowledged.is_empty() {
-                            idle_position = Some(idle_position.map_or(position, |p| p.max(position)));
-                        } else {
-                            client.update_applied_lsn(position);
-                        }
+                    if let Some(position) = stream.received(event)? {
+                        client.update_applied_lsn(position);
                     }
                 }
                 _ = heartbeat.tick() => {
@@ -651,14 +476,38 @@ impl CdcRelay {
         }
     }
 
+    /// At shutdown: waits (a while) for the batch at the sink, marks and
+    /// confirms every acknowledged batch in order, and leaves the status
+    /// worker time to report the last confirmed position.
+    async fn stop(
+        &self,
+        client: &mut ReplicationClient,
+        stream: &mut Stream,
+        sending: Option<Sending>,
+        marking: Option<Marking>,
+    ) -> Result<SessionEnd, CdcError> {
+        if let Some(batch) = sending
+            && let Ok(Ok(delivered)) =
+                tokio::time::timeout(self.options.shutdown_timeout, batch).await
+        {
+            stream.acknowledged(delivered);
+        }
+        if let Some(marking) = marking {
+            client.update_applied_lsn(marking.await?);
+        }
+        for delivered in stream.unmarked() {
+            client.update_applied_lsn(self.settle(delivered).await?);
+        }
+        // The worker reports the last confirmed position within the status
+        // interval.
+        tokio::time::sleep(self.options.status_interval + Duration::from_millis(200)).await;
+        Ok(SessionEnd::Stopped)
+    }
+
     /// Sends a batch until every message is acknowledged, resending the
     /// failed ones (and those held back behind them) in order with backoff;
     /// each time only once `ownership` is confirmed.
-    fn deliver(
-        &self,
-        batch: Vec<Committed>,
-        ownership: Ownership,
-    ) -> BoxFuture<'static, Result<Delivered, Undelivered>> {
+    fn deliver(&self, batch: Vec<Committed>, ownership: Ownership) -> Sending {
         let sink = self.sink.clone();
         let topics = self.topics.clone();
         let max_backoff = self.options.max_backoff;
@@ -718,7 +567,7 @@ impl CdcRelay {
     }
 
     /// Marks the delivered rows; returns the position to confirm.
-    fn settle(&self, delivered: Delivered) -> BoxFuture<'static, Result<Lsn, CdcError>> {
+    fn settle(&self, delivered: Delivered) -> Marking {
         let source = self.source.clone();
         Box::pin(async move {
             source
@@ -729,21 +578,6 @@ impl CdcRelay {
             Ok(delivered.end_lsn)
         })
     }
-}
-
-/// Whole transactions from the front of `ready`, at least one, until they
-/// hold `batch_size` records or more.
-fn take_batch(ready: &mut VecDeque<Committed>, batch_size: usize) -> Vec<Committed> {
-    let mut batch = Vec::new();
-    let mut records = 0;
-    while let Some(committed) = ready.pop_front() {
-        records += committed.records.len();
-        batch.push(committed);
-        if records >= batch_size {
-            break;
-        }
-    }
-    batch
 }
 
 /// The server process of a replication session that has not started, and
@@ -801,85 +635,5 @@ async fn sample_slot(
             () = shutdown.requested() => return,
             () = tokio::time::sleep(interval) => {}
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn committed(records: usize, end: u64) -> Committed {
-        let record = OutboxRecord {
-            id: String::new(),
-            aggregate_type: String::new(),
-            aggregate_id: String::new(),
-            event_type: String::new(),
-            payload: None,
-            event_version: 1,
-            aggregate_seq: None,
-            traceparent: None,
-            seq: 0,
-            attempts: 0,
-            age_at_claim: 0.0,
-        };
-        Committed {
-            records: vec![record; records],
-            commit_time_micros: 0,
-            end_lsn: Lsn::from_u64(end),
-        }
-    }
-
-    #[test]
-    fn a_reader_is_silent_once_it_sends_nothing_while_waited_on() {
-        let reader = |reply: &str, waiting: bool| slot::SlotReader {
-            pid: 7,
-            is_relay: true,
-            visible: true,
-            reply_time: Some(reply.to_owned()),
-            waiting_on_client: waiting,
-        };
-        let start = Instant::now();
-        let at = |seconds: u64| start + Duration::from_secs(seconds);
-        let mut watch = ReaderWatch::default();
-        // Replies keep coming: never silent.
-        for second in 0..10 {
-            let reply = second.to_string();
-            assert_eq!(watch.silent_for(&reader(&reply, true), at(second)), None);
-        }
-        // No reply since second 9; its process waits on it.
-        assert_eq!(watch.silent_for(&reader("9", true), at(13)), None);
-        assert_eq!(
-            watch.silent_for(&reader("9", true), at(14)),
-            Some(READER_SILENCE)
-        );
-        // A process busy decoding takes no replies in: not silence.
-        let mut watch = ReaderWatch::default();
-        for second in 0..30 {
-            assert_eq!(watch.silent_for(&reader("1", false), at(second)), None);
-        }
-        // Waiting once after a busy stretch is not enough either.
-        assert_eq!(watch.silent_for(&reader("1", true), at(30)), None);
-        assert!(watch.silent_for(&reader("1", true), at(31)).is_some());
-        // Another reader starts the count again.
-        let other = slot::SlotReader {
-            pid: 8,
-            ..reader("1", true)
-        };
-        assert_eq!(watch.silent_for(&other, at(32)), None);
-    }
-
-    #[test]
-    fn batches_hold_whole_transactions() {
-        let mut ready: VecDeque<_> = [committed(3, 1), committed(3, 2), committed(600, 3)].into();
-        let ends = |batch: Vec<Committed>| -> Vec<u64> {
-            batch.iter().map(|c| c.end_lsn.as_u64()).collect()
-        };
-        assert_eq!(ends(take_batch(&mut ready, 5)), [1, 2]);
-        assert_eq!(
-            ends(take_batch(&mut ready, 5)),
-            [3],
-            "a large transaction stays whole"
-        );
-        assert!(take_batch(&mut ready, 5).is_empty());
     }
 }

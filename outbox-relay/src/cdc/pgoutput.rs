@@ -179,12 +179,11 @@ fn text(bytes: &[u8]) -> Result<String, DecodeError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod encode {
+    //! pgoutput messages as the server sends them, for tests.
 
-    const OUTBOX: u32 = 16_400;
-
-    fn relation(oid: u32, columns: &[&str]) -> Vec<u8> {
+    /// A Relation message describing table `oid` with `columns` (all `text`).
+    pub(crate) fn relation(oid: u32, columns: &[&str]) -> Vec<u8> {
         let mut message = vec![b'R'];
         message.extend(oid.to_be_bytes());
         message.extend(b"public\0outbox\0");
@@ -200,7 +199,8 @@ mod tests {
         message
     }
 
-    fn insert(oid: u32, values: &[Option<&str>]) -> Vec<u8> {
+    /// An Insert message into table `oid` with `values` in text form.
+    pub(crate) fn insert(oid: u32, values: &[Option<&str>]) -> Vec<u8> {
         let mut message = vec![b'I'];
         message.extend(oid.to_be_bytes());
         message.push(b'N');
@@ -218,7 +218,8 @@ mod tests {
         message
     }
 
-    const COLUMNS: &[&str] = &[
+    /// The outbox table's columns, in table order.
+    pub(crate) const OUTBOX_COLUMNS: &[&str] = &[
         "id",
         "aggregatetype",
         "aggregateid",
@@ -231,6 +232,14 @@ mod tests {
         "created_at",
         "published_at",
     ];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::encode::{OUTBOX_COLUMNS as COLUMNS, insert, relation};
+    use super::*;
+
+    const OUTBOX: u32 = 16_400;
 
     #[test]
     fn an_insert_into_the_outbox_becomes_a_record() {
