@@ -42,17 +42,26 @@ pub const CDC_BEHIND: &str = "outbox_cdc_slot_behind_bytes";
 pub const CDC_RETAINED_WAL: &str = "outbox_cdc_slot_retained_wal_bytes";
 /// CDC mode: 1 while this relay reads the slot, 0 while it stands by.
 pub const CDC_READING: &str = "outbox_cdc_reading";
+/// Bytes CDC mode read from the slot and the sink has not acknowledged.
+pub const CDC_BYTES_IN_FLIGHT: &str = "outbox_cdc_bytes_in_flight";
+/// Rows of each transaction CDC mode read (a histogram).
+pub const CDC_TRANSACTION_ROWS: &str = "outbox_cdc_transaction_rows";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 const BATCH_BUCKETS: &[f64] = &[1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0];
+const TRANSACTION_BUCKETS: &[f64] = &[1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6];
 
 /// Installs the Prometheus recorder and describes every metric.
 pub fn install() -> Result<PrometheusHandle, BuildError> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(COMMIT_TO_ACK.into()), LATENCY_BUCKETS)?
         .set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), BATCH_BUCKETS)?
+        .set_buckets_for_metric(
+            Matcher::Full(CDC_TRANSACTION_ROWS.into()),
+            TRANSACTION_BUCKETS,
+        )?
         .install_recorder()?;
     describe_gauge!(PENDING, "Rows waiting to be published");
     describe_gauge!(
@@ -85,6 +94,14 @@ pub fn install() -> Result<PrometheusHandle, BuildError> {
     describe_gauge!(
         CDC_READING,
         "1 while this relay reads the replication slot, 0 while it stands by (CDC mode)"
+    );
+    describe_gauge!(
+        CDC_BYTES_IN_FLIGHT,
+        "Bytes read from the replication slot and not acknowledged by the broker yet (CDC mode)"
+    );
+    describe_histogram!(
+        CDC_TRANSACTION_ROWS,
+        "Outbox rows per transaction read from the replication slot (CDC mode)"
     );
     Ok(handle)
 }
@@ -198,4 +215,14 @@ pub fn record_slot(behind_bytes: Option<i64>, retained_wal_bytes: Option<i64>) {
 /// Records whether this relay reads the replication slot (CDC mode).
 pub fn record_cdc_reading(reading: bool) {
     gauge!(CDC_READING).set(f64::from(u8::from(reading)));
+}
+
+/// Records the bytes CDC mode holds between the slot and the sink.
+pub fn record_cdc_bytes_in_flight(bytes: usize) {
+    gauge!(CDC_BYTES_IN_FLIGHT).set(bytes as f64);
+}
+
+/// Records the size of a transaction CDC mode read, in rows.
+pub fn record_cdc_transaction(rows: usize) {
+    histogram!(CDC_TRANSACTION_ROWS).record(rows as f64);
 }

@@ -432,6 +432,7 @@ impl CdcRelay {
             if let Some(delivered) = stream.next_mark() {
                 marking = Some(self.settle(delivered));
             }
+            metrics::record_cdc_bytes_in_flight(stream.bytes_in_flight());
             tokio::select! {
                 biased;
                 () = shutdown.requested() => {
@@ -464,6 +465,9 @@ impl CdcRelay {
                     if let Some(position) = stream.received(event)? {
                         client.update_applied_lsn(position);
                     }
+                    if let Some(rows) = stream.take_committed_rows() {
+                        metrics::record_cdc_transaction(rows);
+                    }
                 }
                 _ = heartbeat.tick() => {
                     if last_message.elapsed() >= self.options.heartbeat_interval
@@ -492,11 +496,17 @@ impl CdcRelay {
         {
             stream.acknowledged(delivered);
         }
+        // A batch of pieces of an open transaction confirms nothing (zero).
+        let confirm = |position: Lsn| {
+            if !position.is_zero() {
+                client.update_applied_lsn(position);
+            }
+        };
         if let Some(marking) = marking {
-            client.update_applied_lsn(marking.await?);
+            confirm(marking.await?);
         }
         for delivered in stream.unmarked() {
-            client.update_applied_lsn(self.settle(delivered).await?);
+            confirm(self.settle(delivered).await?);
         }
         // The worker reports the last confirmed position within the status
         // interval.
@@ -516,7 +526,7 @@ impl CdcRelay {
             let now_micros = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |since| since.as_micros() as i64);
-            let end_lsn = batch.last().map_or(Lsn::ZERO, |last| last.end_lsn);
+            let end_lsn = stream::batch_end(&batch);
             let mut records = Vec::new();
             for committed in batch {
                 let age = (now_micros - committed.commit_time_micros) as f64 / 1e6;

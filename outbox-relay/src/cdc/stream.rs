@@ -5,7 +5,14 @@
 //! opens one; in a transaction, the outbox table's inserts are collected
 //! (Relation messages teach the decoder the table's columns) until the
 //! Commit, which makes the transaction ready to send unless it inserted
-//! nothing. Committed transactions then move through
+//! nothing. pgoutput sends a transaction only once it committed, so a large
+//! one need not be held whole: every [`PIECE_RECORDS`] records or
+//! [`PIECE_BYTES`] bytes, the part read so far is ready to send as a piece
+//! that confirms no position; the Commit's position is confirmed once every
+//! piece before it was acknowledged and marked. A crash in the middle
+//! re-reads the whole transaction from the slot: duplicates, never a loss,
+//! and memory stays bounded whatever the transaction's size. Committed
+//! transactions and pieces then move through
 //!
 //! ```text
 //! ready --next_batch--> sending --acknowledged--> acknowledged --next_mark--> marking --marked--> confirmed
@@ -30,18 +37,53 @@ use crate::record::OutboxRecord;
 /// Batches of committed transactions read ahead of the one at the sink.
 const BUFFERED_BATCHES: usize = 4;
 
+/// Records of an open transaction kept before they are sent as a piece.
+pub(crate) const PIECE_RECORDS: usize = 1_000;
+
+/// Bytes of an open transaction kept before they are sent as a piece.
+pub(crate) const PIECE_BYTES: usize = 4 << 20;
+
+/// Bytes read ahead of the sink, at most (plus one record): reading stops
+/// at this bound whatever the batch size, so large payloads cannot fill
+/// the memory.
+pub(crate) const BUFFERED_BYTES: usize = 16 << 20;
+
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
 const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
-/// A committed transaction with inserts into the outbox table.
+/// A committed transaction with inserts into the outbox table, or a piece
+/// of one still being read.
 #[derive(Debug)]
 pub(crate) struct Committed {
     /// The rows it inserted, in order.
     pub(crate) records: Vec<OutboxRecord>,
     /// The transaction's commit time, in microseconds since the Unix epoch.
     pub(crate) commit_time_micros: i64,
-    /// Confirmable once the records are acknowledged.
+    /// Confirmable once the records are acknowledged; zero for a piece
+    /// whose transaction goes on (nothing to confirm).
     pub(crate) end_lsn: Lsn,
+    /// The records' size in memory, about.
+    pub(crate) bytes: usize,
+}
+
+impl Committed {
+    /// Adds `record` to the transaction.
+    fn push(&mut self, record: OutboxRecord) {
+        self.bytes += record_bytes(&record);
+        self.records.push(record);
+    }
+}
+
+/// About how much memory `record` holds.
+pub(crate) fn record_bytes(record: &OutboxRecord) -> usize {
+    let text = |value: &Option<String>| value.as_ref().map_or(0, String::len);
+    std::mem::size_of::<OutboxRecord>()
+        + record.id.len()
+        + record.aggregate_type.len()
+        + record.aggregate_id.len()
+        + record.event_type.len()
+        + text(&record.payload)
+        + text(&record.traceparent)
 }
 
 /// A batch whose every message the sink acknowledged.
@@ -74,8 +116,16 @@ pub(crate) struct Stream {
     ready: VecDeque<Committed>,
     /// Records in `ready`.
     buffered: usize,
+    /// Their bytes.
+    buffered_bytes: usize,
     /// A batch is at the sink.
     sending: bool,
+    /// Its bytes.
+    sending_bytes: usize,
+    /// Rows the open transaction inserted so far, pieces sent included.
+    open_rows: usize,
+    /// Rows of the last transaction committed, until asked for.
+    committed_rows: Option<usize>,
     /// Batches the sink acknowledged, to mark and confirm one at a time and
     /// in order, while the next batch is already being sent.
     acknowledged: VecDeque<Delivered>,
@@ -96,7 +146,11 @@ impl Stream {
             transaction: Transaction::Between,
             ready: VecDeque::new(),
             buffered: 0,
+            buffered_bytes: 0,
             sending: false,
+            sending_bytes: 0,
+            open_rows: 0,
+            committed_rows: None,
             acknowledged: VecDeque::new(),
             marking: false,
             idle_position: None,
@@ -108,6 +162,22 @@ impl Stream {
     /// rest in its WAL.
     pub(crate) fn reads(&self) -> bool {
         self.buffered < self.batch_size.saturating_mul(BUFFERED_BATCHES)
+            && self.buffered_bytes < BUFFERED_BYTES
+    }
+
+    /// Bytes read and not acknowledged yet, about: the open transaction's
+    /// records, the batches waiting and the batch at the sink.
+    pub(crate) fn bytes_in_flight(&self) -> usize {
+        let open = match &self.transaction {
+            Transaction::Open(open) => open.bytes,
+            Transaction::Between => 0,
+        };
+        open + self.buffered_bytes + self.sending_bytes
+    }
+
+    /// How many rows the transaction committed last inserted, once.
+    pub(crate) fn take_committed_rows(&mut self) -> Option<usize> {
+        self.committed_rows.take()
     }
 
     /// Reads one message of the server; returns a position to confirm now.
@@ -120,13 +190,27 @@ impl Stream {
                     records: Vec::new(),
                     commit_time_micros: commit_time_micros + POSTGRES_EPOCH_MICROS,
                     end_lsn: Lsn::ZERO,
+                    bytes: 0,
                 });
+                self.open_rows = 0;
                 None
             }
             ReplicationEvent::XLogData { data, .. } => {
                 if let Some(record) = self.decoder.decode(&data)? {
                     match &mut self.transaction {
-                        Transaction::Open(open) => open.records.push(record),
+                        Transaction::Open(open) => {
+                            open.push(record);
+                            self.open_rows += 1;
+                            if open.records.len() >= PIECE_RECORDS || open.bytes >= PIECE_BYTES {
+                                let piece = Committed {
+                                    records: std::mem::take(&mut open.records),
+                                    commit_time_micros: open.commit_time_micros,
+                                    end_lsn: Lsn::ZERO,
+                                    bytes: std::mem::take(&mut open.bytes),
+                                };
+                                self.enqueue(piece);
+                            }
+                        }
                         Transaction::Between => return Err(CdcError::InsertOutsideTransaction),
                     }
                 }
@@ -149,15 +233,26 @@ impl Stream {
     /// The transaction ends at `end_lsn`: ready to send if it inserted
     /// rows, else a position past it.
     fn commit(&mut self, end_lsn: Lsn) -> Option<Lsn> {
+        if self.open_rows > 0 {
+            self.committed_rows = Some(std::mem::take(&mut self.open_rows));
+        }
         match std::mem::replace(&mut self.transaction, Transaction::Between) {
             Transaction::Open(mut committed) if !committed.records.is_empty() => {
                 committed.end_lsn = end_lsn;
-                self.buffered += committed.records.len();
-                self.ready.push_back(committed);
+                self.enqueue(committed);
                 None
             }
+            // Nothing inserted, or everything already sent in pieces: the
+            // position waits for what is in flight (see `passed`).
             _ => Some(end_lsn),
         }
+    }
+
+    /// Makes `committed` (a transaction or a piece) ready to send.
+    fn enqueue(&mut self, committed: Committed) {
+        self.buffered += committed.records.len();
+        self.buffered_bytes += committed.bytes;
+        self.ready.push_back(committed);
     }
 
     /// The stream passed `position` with nothing unread before it: it is
@@ -186,6 +281,8 @@ impl Stream {
         }
         let batch = take_batch(&mut self.ready, self.batch_size);
         self.buffered -= batch.iter().map(|c| c.records.len()).sum::<usize>();
+        self.sending_bytes = batch.iter().map(|c| c.bytes).sum::<usize>();
+        self.buffered_bytes -= self.sending_bytes;
         self.sending = true;
         Some(batch)
     }
@@ -193,6 +290,7 @@ impl Stream {
     /// The sink acknowledged every message of the batch in flight.
     pub(crate) fn acknowledged(&mut self, delivered: Delivered) {
         self.sending = false;
+        self.sending_bytes = 0;
         self.acknowledged.push_back(delivered);
     }
 
@@ -210,7 +308,11 @@ impl Stream {
     /// positions to confirm, in order.
     pub(crate) fn marked(&mut self, end_lsn: Lsn) -> Vec<Lsn> {
         self.marking = false;
-        let mut confirm = vec![end_lsn];
+        // A batch of pieces confirms nothing.
+        let mut confirm: Vec<Lsn> = Some(end_lsn)
+            .filter(|lsn| !lsn.is_zero())
+            .into_iter()
+            .collect();
         if !self.sending
             && self.ready.is_empty()
             && self.acknowledged.is_empty()
@@ -228,19 +330,31 @@ impl Stream {
     }
 }
 
-/// Whole transactions from the front of `ready`, at least one, until they
-/// hold `batch_size` records or more.
+/// Whole transactions (or pieces) from the front of `ready`, at least one,
+/// until they hold `batch_size` records or [`PIECE_BYTES`] bytes or more.
 fn take_batch(ready: &mut VecDeque<Committed>, batch_size: usize) -> Vec<Committed> {
     let mut batch = Vec::new();
     let mut records = 0;
+    let mut bytes = 0;
     while let Some(committed) = ready.pop_front() {
         records += committed.records.len();
+        bytes += committed.bytes;
         batch.push(committed);
-        if records >= batch_size {
+        if records >= batch_size || bytes >= PIECE_BYTES {
             break;
         }
     }
     batch
+}
+
+/// The position a batch confirms once acknowledged and marked: its last
+/// transaction's end (zero when it holds only pieces of an open one).
+pub(crate) fn batch_end(batch: &[Committed]) -> Lsn {
+    batch
+        .iter()
+        .map(|committed| committed.end_lsn)
+        .max()
+        .unwrap_or(Lsn::ZERO)
 }
 
 #[cfg(test)]
@@ -265,6 +379,7 @@ mod tests {
             age_at_claim: 0.0,
         };
         Committed {
+            bytes: records * record_bytes(&record),
             records: vec![record; records],
             commit_time_micros: 0,
             end_lsn: Lsn::from_u64(end),
@@ -358,7 +473,7 @@ mod tests {
     fn delivered(batch: &[Committed]) -> Delivered {
         Delivered {
             ids: ids(batch).into_iter().map(str::to_owned).collect(),
-            end_lsn: batch.last().expect("a batch").end_lsn,
+            end_lsn: batch_end(batch),
         }
     }
 
@@ -522,6 +637,103 @@ mod tests {
         stream.acknowledged(delivered(&second));
         let unmarked: Vec<_> = stream.unmarked().into_iter().map(|d| d.ids).collect();
         assert_eq!(unmarked, [["e2"]]);
+    }
+
+    /// Sends, acknowledges and marks every batch ready; returns the
+    /// positions confirmed and the ids sent.
+    fn drain(stream: &mut Stream) -> (Vec<u64>, Vec<String>) {
+        let (mut confirmed, mut sent) = (Vec::new(), Vec::new());
+        while let Some(batch) = stream.next_batch() {
+            let delivered = delivered(&batch);
+            sent.extend(delivered.ids.iter().cloned());
+            stream.acknowledged(delivered);
+            let marking = stream.next_mark().expect("the batch to mark");
+            confirmed.extend(stream.marked(marking.end_lsn).iter().map(|l| l.as_u64()));
+        }
+        (confirmed, sent)
+    }
+
+    #[test]
+    fn a_large_transaction_is_sent_in_pieces_and_confirmed_at_its_commit() {
+        let mut stream = Stream::new(OUTBOX, 100_000);
+        feed(&mut stream, vec![outbox_relation(), begin()]);
+        let ids: Vec<String> = (0..2 * PIECE_RECORDS + 5)
+            .map(|n| format!("e{n}"))
+            .collect();
+        for id in &ids[..PIECE_RECORDS + 1] {
+            feed(&mut stream, vec![outbox_insert(id)]);
+        }
+        // Read but not committed yet: a piece is ready, and confirms nothing.
+        assert!(stream.bytes_in_flight() > 0);
+        let (confirmed, sent) = drain(&mut stream);
+        assert_eq!(sent, ids[..PIECE_RECORDS]);
+        assert!(confirmed.is_empty(), "a piece confirmed {confirmed:?}");
+        for id in &ids[PIECE_RECORDS + 1..] {
+            feed(&mut stream, vec![outbox_insert(id)]);
+        }
+        assert_eq!(feed(&mut stream, vec![keepalive(400)]), Vec::<u64>::new());
+        assert_eq!(feed(&mut stream, vec![commit(500)]), Vec::<u64>::new());
+        assert_eq!(stream.take_committed_rows(), Some(ids.len()));
+        let (confirmed, rest) = drain(&mut stream);
+        assert_eq!([sent, rest].concat(), ids, "every row once, in order");
+        assert_eq!(confirmed, [500], "confirmed once, at the commit");
+        assert_eq!(stream.bytes_in_flight(), 0);
+    }
+
+    #[test]
+    fn a_commit_after_every_piece_was_sent_waits_for_the_last_mark() {
+        let mut stream = Stream::new(OUTBOX, 100_000);
+        feed(&mut stream, vec![outbox_relation(), begin()]);
+        for n in 0..PIECE_RECORDS {
+            feed(&mut stream, vec![outbox_insert(&format!("e{n}"))]);
+        }
+        let piece = stream.next_batch().expect("the piece");
+        assert_eq!(batch_end(&piece), Lsn::ZERO);
+        // The commit arrives while the piece is at the sink.
+        assert_eq!(feed(&mut stream, vec![commit(700)]), Vec::<u64>::new());
+        stream.acknowledged(delivered(&piece));
+        let marking = stream.next_mark().expect("the piece");
+        assert_eq!(stream.marked(marking.end_lsn), [lsn(700)]);
+    }
+
+    #[test]
+    fn reading_stops_at_the_byte_bound_whatever_the_batch_size() {
+        let mut stream = Stream::new(OUTBOX, 100_000);
+        feed(&mut stream, vec![outbox_relation(), begin()]);
+        let payload = "x".repeat(1 << 20);
+        let mut rows = 0;
+        while stream.reads() {
+            let id = format!("e{rows}");
+            feed(
+                &mut stream,
+                vec![data(insert(
+                    OUTBOX,
+                    &[
+                        Some(id.as_str()),
+                        Some("Order"),
+                        Some("42"),
+                        Some("OrderPlaced"),
+                        Some(payload.as_str()),
+                        Some("1"),
+                        Some("1"),
+                        None,
+                        None,
+                        None,
+                        None,
+                    ],
+                ))],
+            );
+            rows += 1;
+            assert!(rows < 100, "reading did not stop");
+        }
+        let held = stream.bytes_in_flight();
+        assert!(
+            held <= BUFFERED_BYTES + PIECE_BYTES + (2 << 20),
+            "{held} bytes held"
+        );
+        let batch = stream.next_batch().expect("a batch");
+        assert!(batch.iter().map(|c| c.bytes).sum::<usize>() <= PIECE_BYTES + (2 << 20));
+        assert!(stream.reads(), "a batch sent makes room");
     }
 
     #[test]
