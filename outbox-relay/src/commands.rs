@@ -24,6 +24,7 @@ use crate::server;
 use crate::shutdown::Shutdown;
 use crate::sink::Sink;
 use crate::sink::kafka::KafkaSink;
+use crate::sink::nats::NatsSink;
 use crate::sink::rabbitmq::RabbitMqSink;
 use crate::sink::stdout::StdoutSink;
 use crate::source::{self, Source, SourceOptions, Status};
@@ -55,7 +56,10 @@ async fn run(settings: RunSettings) -> anyhow::Result<()> {
     let shutdown = Shutdown::on_signals().context("cannot install signal handlers")?;
     // Installed first: joining the shards already records metrics.
     let metrics = match settings.metrics_addr {
-        Some(_) => Some(crate::metrics::install().context("cannot install the metrics recorder")?),
+        Some(_) => Some(
+            crate::metrics::install(settings.sink.name())
+                .context("cannot install the metrics recorder")?,
+        ),
         None => None,
     };
     // Connecting the source joins the shard owners (PostgreSQL, MariaDB):
@@ -95,6 +99,7 @@ async fn relay_from(
         SinkKind::Stdout => Arc::new(StdoutSink),
         SinkKind::Kafka => Arc::new(KafkaSink::connect(settings.kafka.clone()).await?),
         SinkKind::RabbitMq => Arc::new(RabbitMqSink::connect(settings.rabbitmq.clone()).await?),
+        SinkKind::Nats => Arc::new(NatsSink::connect(settings.nats.clone()).await?),
     };
     tracing::info!(
         database = %redact_url(&settings.database_url),
