@@ -117,8 +117,26 @@ pub enum SinkKind {
     #[value(name = "rabbitmq")]
     #[serde(rename = "rabbitmq")]
     RabbitMq,
+    /// A NATS JetStream stream (PubAcks awaited, Nats-Msg-Id deduplication)
+    Nats,
     /// One JSON object per line on standard output
     Stdout,
+}
+
+impl SinkKind {
+    /// The name the command line and metrics use (`kafka`, `rabbitmq`, ...).
+    ///
+    /// ```
+    /// assert_eq!(outbox_relay::cli::SinkKind::Nats.name(), "nats");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Kafka => "kafka",
+            Self::RabbitMq => "rabbitmq",
+            Self::Nats => "nats",
+            Self::Stdout => "stdout",
+        }
+    }
 }
 
 /// Options of `run`.
@@ -142,7 +160,7 @@ pub struct RunArgs {
     pub publication: Option<String>,
 
     /// Where to publish [default: kafka when brokers are given, rabbitmq when
-    /// an AMQP URL is, else stdout]
+    /// an AMQP URL is, nats when a NATS URL is, else stdout]
     #[arg(long, env = "OUTBOX_SINK", value_enum)]
     pub sink: Option<SinkKind>,
 
@@ -170,6 +188,29 @@ pub struct RunArgs {
     /// published (by default it is retried, then dead-lettered as unroutable)
     #[arg(long)]
     pub amqp_allow_unroutable: bool,
+
+    /// NATS server(s) to publish to, nats://[user:password@]host:port or
+    /// tls://, comma-separated [default: nats://127.0.0.1:4222]
+    #[arg(long, env = "NATS_URL", hide_env_values = true)]
+    pub nats_url: Option<String>,
+
+    /// JetStream stream the events are stored in, created at start if
+    /// missing (file storage, capturing the subjects); an existing one must
+    /// capture them and keep message ids longer than the relay may take to
+    /// re-send [default: OUTBOX]
+    #[arg(long, env = "OUTBOX_NATS_STREAM")]
+    pub nats_stream: Option<String>,
+
+    /// Subject of each row on NATS; {aggregatetype} and {aggregateid} are
+    /// replaced by the row's values, encoded as one subject token each
+    /// [default: outbox.event.{aggregatetype}.{aggregateid}]
+    #[arg(long, env = "OUTBOX_NATS_SUBJECT")]
+    pub nats_subject: Option<String>,
+
+    /// Most NATS messages awaiting their PubAck at once, 1 to 100000
+    /// [default: 256]
+    #[arg(long, env = "OUTBOX_NATS_MAX_PENDING")]
+    pub nats_max_pending: Option<u64>,
 
     /// Topic of each row (the routing key on RabbitMQ); {aggregatetype} is
     /// replaced by the row's aggregate type [default: outbox.event.{aggregatetype}]
@@ -339,7 +380,7 @@ pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
 /// let line = usage_error_line(&error);
 /// assert!(!line.contains('\n'));
 /// assert!(line.starts_with("error: invalid value 'rabbit' for '--sink <SINK>'"), "{line}");
-/// assert!(line.contains("[possible values: kafka, rabbitmq, stdout]"), "{line}");
+/// assert!(line.contains("[possible values: kafka, rabbitmq, nats, stdout]"), "{line}");
 /// ```
 pub fn usage_error_line(error: &clap::Error) -> String {
     let rendered = error.render().to_string();

@@ -26,6 +26,7 @@ use crate::server;
 use crate::shutdown::Shutdown;
 use crate::sink::Sink;
 use crate::sink::kafka::{KafkaSetupError, KafkaSink};
+use crate::sink::nats::{NatsSetupError, NatsSink};
 use crate::sink::rabbitmq::{RabbitMqSetupError, RabbitMqSink};
 use crate::sink::stdout::StdoutSink;
 use crate::source::{self, Source, SourceError, SourceOptions, Status};
@@ -102,6 +103,9 @@ pub enum CommandError {
     /// The RabbitMQ sink could not be set up.
     #[error(transparent)]
     RabbitMq(#[from] RabbitMqSetupError),
+    /// The NATS JetStream sink could not be set up.
+    #[error(transparent)]
+    Nats(#[from] NatsSetupError),
     /// The polling relay stopped early.
     #[error(transparent)]
     Relay(#[from] RelayError),
@@ -159,7 +163,9 @@ async fn run(settings: RunSettings) -> Result<(), CommandError> {
     let shutdown = Shutdown::on_signals().map_err(CommandError::Signals)?;
     // Installed first: joining the shards already records metrics.
     let metrics = match settings.metrics_addr {
-        Some(_) => Some(crate::metrics::install().map_err(CommandError::MetricsRecorder)?),
+        Some(_) => Some(
+            crate::metrics::install(settings.sink.name()).map_err(CommandError::MetricsRecorder)?,
+        ),
         None => None,
     };
     // Connecting the source joins the shard owners (PostgreSQL, MariaDB):
@@ -199,6 +205,7 @@ async fn relay_from(
         SinkKind::Stdout => Arc::new(StdoutSink),
         SinkKind::Kafka => Arc::new(KafkaSink::connect(settings.kafka.clone()).await?),
         SinkKind::RabbitMq => Arc::new(RabbitMqSink::connect(settings.rabbitmq.clone()).await?),
+        SinkKind::Nats => Arc::new(NatsSink::connect(settings.nats.clone()).await?),
     };
     tracing::info!(
         database = %redact_url(&settings.database_url),

@@ -21,6 +21,8 @@ use crate::database::Backend;
 use crate::redact;
 use crate::relay::{RelayOptions, Retention};
 use crate::sink::kafka::KafkaOptions;
+use crate::sink::nats::subject::SubjectTemplate;
+use crate::sink::nats::{self, NatsOptions, ResendBound};
 use crate::sink::rabbitmq::{self, RabbitMqOptions};
 use crate::source::SourceOptions;
 use crate::source::shards::{ShardConfig, default_instance_id};
@@ -65,6 +67,9 @@ pub const TOPIC_REPLICATION_FACTOR: RangeInclusive<u64> = 1..=i16::MAX as u64;
 /// Allowed `--amqp-max-unconfirmed`: each unconfirmed message is kept in
 /// memory until its confirm.
 pub const AMQP_MAX_UNCONFIRMED: RangeInclusive<u64> = 1..=100_000;
+/// Allowed `--nats-max-pending`: each message awaiting its PubAck is kept
+/// in memory until it comes.
+pub const NATS_MAX_PENDING: RangeInclusive<u64> = 1..=100_000;
 /// Longest `--instance-id`: the width of the shard tables' owner column.
 pub const MAX_INSTANCE_ID_LEN: usize = 64;
 /// The send timeout when none is given.
@@ -97,6 +102,10 @@ pub struct FileConfig {
     amqp_exchange: Option<String>,
     amqp_max_unconfirmed: Option<u64>,
     amqp_allow_unroutable: Option<bool>,
+    nats_url: Option<String>,
+    nats_stream: Option<String>,
+    nats_subject: Option<String>,
+    nats_max_pending: Option<u64>,
     topic_template: Option<String>,
     batch_size: Option<u64>,
     poll_interval: Option<String>,
@@ -260,14 +269,17 @@ pub fn database_url(global: &GlobalArgs, file: &FileConfig) -> String {
         .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned())
 }
 
-/// Remembers every credential in the settings (the database URL's and the
-/// AMQP URL's, secret librdkafka settings of `-X` and of the file's
+/// Remembers every credential in the settings (the database URL's, the
+/// AMQP URL's and the NATS URL's, secret librdkafka settings of `-X` and of the file's
 /// `[kafka]` table), so that no output of this process shows them; see
 /// [`crate::redact`].
 pub fn remember_credentials(cli: &Cli, file: &FileConfig) {
     redact::remember_url_credentials(&database_url(&cli.global, file));
     if let Some(url) = &file.amqp_url {
         redact::remember_url_credentials(url);
+    }
+    if let Some(url) = &file.nats_url {
+        remember_nats_credentials(url);
     }
     for (key, value) in &file.kafka {
         redact::remember_setting(key, value);
@@ -276,12 +288,28 @@ pub fn remember_credentials(cli: &Cli, file: &FileConfig) {
         if let Some(url) = &args.amqp_url {
             redact::remember_url_credentials(url);
         }
+        if let Some(url) = &args.nats_url {
+            remember_nats_credentials(url);
+        }
         for (key, value) in args
             .kafka_options
             .iter()
             .filter_map(|option| option.split_once('='))
         {
             redact::remember_setting(key.trim(), value.trim());
+        }
+    }
+}
+
+/// Remembers the passwords of NATS server URLs (comma-separated), and the
+/// token of `nats://TOKEN@host`, which stands where a user name would.
+fn remember_nats_credentials(urls: &str) {
+    for server in urls.split(',').map(str::trim) {
+        redact::remember_url_credentials(server);
+        if let Ok(parsed) = url::Url::parse(server)
+            && parsed.password().is_none()
+        {
+            redact::remember_setting("token", parsed.username());
         }
     }
 }
@@ -312,6 +340,8 @@ pub struct RunSettings {
     pub kafka: KafkaOptions,
     /// RabbitMQ settings, used when the sink is RabbitMQ.
     pub rabbitmq: RabbitMqOptions,
+    /// NATS settings, used when the sink is NATS.
+    pub nats: NatsOptions,
     /// The topic template.
     pub topic_template: String,
     /// The source's settlement options.
@@ -332,148 +362,20 @@ impl RunSettings {
     /// database other than PostgreSQL fails too.
     pub fn resolve(global: &GlobalArgs, args: RunArgs, file: &FileConfig) -> anyhow::Result<Self> {
         let database_url = database_url(global, file);
-        let mode = args.mode.or(file.mode).unwrap_or_default();
-        let backend = Backend::of(&database_url);
-        if mode == RunMode::Cdc && backend != Some(Backend::Postgres) {
-            // Only a well-formed scheme is shown: anything else may be a
-            // connection string with a password in it.
-            let scheme = crate::database::scheme(&database_url).unwrap_or("not PostgreSQL");
-            // Not a SettingsError: each setting is fine, the database is
-            // not the kind CDC mode needs (exit code 1).
-            anyhow::bail!(
-                "--mode cdc reads PostgreSQL's write-ahead log, but the database is {scheme}; \
-                 use --mode poll"
-            );
-        }
-        let slot = slot_name(args.slot.clone(), file)?;
-        let publication = args
-            .publication
-            .clone()
-            .or_else(|| file.publication.clone())
-            .unwrap_or_else(|| DEFAULT_NAME.to_owned());
-        check_name("--publication", &publication)
-            .map_err(|error| SettingsError::new(error.to_string()))?;
-        let brokers = args.brokers.or_else(|| file.brokers.clone());
-        let amqp_url = given(
-            "--amqp-url",
-            "amqp_url",
-            args.amqp_url,
-            file.amqp_url.clone(),
-        );
-        let sink = args.sink.or(file.sink).unwrap_or(if brokers.is_some() {
-            SinkKind::Kafka
-        } else if amqp_url.is_some() {
-            SinkKind::RabbitMq
-        } else {
-            SinkKind::Stdout
-        });
-        let batch_size = match given(
-            "--batch-size",
-            "batch_size",
-            args.batch_size,
-            file.batch_size,
-        ) {
-            Some(size) => check_count(&size.name, size.value, &BATCH_SIZE)? as usize,
-            None => 500,
-        };
-        let max_attempts = match given(
-            "--max-attempts",
-            "max_attempts",
-            args.max_attempts,
-            file.max_attempts,
-        ) {
-            Some(attempts) => check_count(&attempts.name, attempts.value, &MAX_ATTEMPTS)? as i32,
-            None => 10,
-        };
-        let default_poll = if backend.is_some_and(Backend::notifies) {
-            Duration::from_secs(1)
-        } else {
-            Duration::from_millis(100)
-        };
-        let poll_interval = match given_duration(
-            "--poll-interval",
-            "poll_interval",
-            args.poll_interval,
+        let (mode, slot, publication) = mode_settings(&database_url, &args, file)?;
+        let sink = sink_kind(&args, file);
+        let mut relay = relay_options(&database_url, &args, file)?;
+        let (shards, lease) = shard_count_and_lease(&args, file)?;
+        let send_timeout = send_timeout(&args, file)?;
+        relay.shutdown_timeout = send_timeout.value;
+        let shard_config = shard_config(
+            &database_url,
+            &args,
             file,
-            &file.poll_interval,
-        )? {
-            Some(interval) => check_duration(&interval.name, interval.value, &POLL_INTERVAL)?,
-            None => default_poll,
-        };
-        let delete_on_publish = args.delete_on_publish || file.delete_on_publish.unwrap_or(false);
-        let cleanup = !args.no_cleanup && file.cleanup.unwrap_or(true) && !delete_on_publish;
-        let defaults = Retention::default();
-        let keep_for = match given_duration(
-            "--retention",
-            "retention",
-            args.retention,
-            file,
-            &file.retention,
-        )? {
-            Some(keep_for) => check_duration(&keep_for.name, keep_for.value, &RETENTION)?,
-            None => defaults.keep_for,
-        };
-        let cleanup_interval = match given_duration(
-            "--cleanup-interval",
-            "cleanup_interval",
-            args.cleanup_interval,
-            file,
-            &file.cleanup_interval,
-        )? {
-            Some(interval) => check_duration(&interval.name, interval.value, &CLEANUP_INTERVAL)?,
-            None => defaults.interval,
-        };
-        let cleanup_batch_size = match file.cleanup_batch_size {
-            Some(size) => {
-                check_count("config key `cleanup_batch_size`", size, &CLEANUP_BATCH_SIZE)?
-            }
-            None => defaults.batch_size,
-        };
-        let retention = cleanup.then_some(Retention {
-            keep_for,
-            interval: cleanup_interval,
-            batch_size: cleanup_batch_size,
-        });
-        let shards = match given("--shards", "shards", args.shards, file.shards) {
-            Some(shards) => check_count(&shards.name, shards.value, &SHARDS)? as u32,
-            None => 16,
-        };
-        let lease = match given_duration("--lease", "lease", args.lease, file, &file.lease)? {
-            Some(lease) => check_duration(&lease.name, lease.value, &LEASE)?,
-            None => Duration::from_secs(10),
-        };
-        // SQLite serves one relay per file: nothing to share.
-        let sharding = backend.is_none_or(Backend::shares_work);
-        let send_timeout = given_duration(
-            "--send-timeout",
-            "send_timeout",
-            args.send_timeout,
-            file,
-            &file.send_timeout,
-        )?;
-        let send_timeout_name = send_timeout.as_ref().map_or_else(
-            || "--send-timeout".to_owned(),
-            |timeout| timeout.name.clone(),
-        );
-        let send_timeout = match send_timeout {
-            Some(timeout) => check_duration(&timeout.name, timeout.value, &SEND_TIMEOUT)?,
-            None => DEFAULT_SEND_TIMEOUT,
-        };
-        let instance = match given(
-            "--instance-id",
-            "instance_id",
-            args.instance_id.clone(),
-            file.instance_id.clone(),
-        ) {
-            Some(id) => check_instance_id(&id.name, id.value)?,
-            None => shorten_instance_id(default_instance_id()),
-        };
-        let shard_config = sharding.then(|| ShardConfig {
-            count: shards,
+            shards,
             lease,
-            instance,
-            batch_timeout: send_timeout + lease,
-        });
+            send_timeout.value,
+        )?;
         let metrics_interval = match given_duration(
             "--metrics-interval",
             "metrics_interval",
@@ -484,67 +386,33 @@ impl RunSettings {
             Some(interval) => check_duration(&interval.name, interval.value, &METRICS_INTERVAL)?,
             None => Duration::from_secs(5),
         };
-        let mut client_options: Vec<(String, String)> = file
-            .kafka
-            .iter()
-            .map(|(key, value)| (key.clone(), value.clone()))
-            .collect();
-        for option in &args.kafka_options {
-            client_options.push(
-                parse_key_value(option)
-                    .map_err(|error| SettingsError::new(format!("-X/--kafka-option: {error}")))?,
-            );
-        }
-        if sink == SinkKind::Kafka {
-            check_producer_options(&client_options, send_timeout, &send_timeout_name)?;
-        }
+        let kafka = kafka_options(sink, &args, file, &send_timeout)?;
         let rabbitmq = rabbitmq_options(
             sink,
-            amqp_url,
+            given(
+                "--amqp-url",
+                "amqp_url",
+                args.amqp_url.clone(),
+                file.amqp_url.clone(),
+            ),
             &args.amqp_exchange,
             args.amqp_max_unconfirmed,
             args.amqp_allow_unroutable,
             file,
-            send_timeout,
+            send_timeout.value,
         )?;
-        let kafka_defaults = KafkaOptions::default();
-        let topic_partitions = match given(
-            "--topic-partitions",
-            "topic_partitions",
-            args.topic_partitions,
-            file.topic_partitions,
-        ) {
-            Some(partitions) => {
-                check_count(&partitions.name, partitions.value, &TOPIC_PARTITIONS)? as i32
-            }
-            None => kafka_defaults.topic_partitions,
-        };
-        let topic_replication_factor = match given(
-            "--topic-replication-factor",
-            "topic_replication_factor",
-            args.topic_replication_factor,
-            file.topic_replication_factor,
-        ) {
-            Some(factor) => {
-                check_count(&factor.name, factor.value, &TOPIC_REPLICATION_FACTOR)? as i32
-            }
-            None => kafka_defaults.topic_replication_factor,
-        };
+        let bound = resend_bound(mode, &relay, shard_config.as_ref(), send_timeout.value);
+        let nats = nats_options(sink, &args, file, send_timeout.value, bound)?;
+        let delete_on_publish = relay_deletes_on_publish(&args, file);
         Ok(Self {
             database_url,
             mode,
             slot,
             publication,
             sink,
-            kafka: KafkaOptions {
-                brokers: brokers.unwrap_or(kafka_defaults.brokers),
-                create_topics: !args.no_create_topics && file.create_topics.unwrap_or(true),
-                topic_partitions,
-                topic_replication_factor,
-                send_timeout,
-                client_options,
-            },
+            kafka,
             rabbitmq,
+            nats,
             topic_template: args
                 .topic_template
                 .or_else(|| file.topic_template.clone())
@@ -553,19 +421,267 @@ impl RunSettings {
                 delete_on_publish,
                 shards: shard_config,
             },
-            relay: RelayOptions {
-                batch_size,
-                poll_interval,
-                max_attempts,
-                drain: args.drain,
-                retention,
-                shutdown_timeout: send_timeout,
-                ..RelayOptions::default()
-            },
+            relay,
             metrics_addr: args.metrics_addr.or(file.metrics_addr),
             metrics_interval,
         })
     }
+}
+
+/// Polling or CDC mode, with CDC mode's slot and publication; CDC mode
+/// needs PostgreSQL.
+fn mode_settings(
+    database_url: &str,
+    args: &RunArgs,
+    file: &FileConfig,
+) -> anyhow::Result<(RunMode, String, String)> {
+    let mode = args.mode.or(file.mode).unwrap_or_default();
+    if mode == RunMode::Cdc && Backend::of(database_url) != Some(Backend::Postgres) {
+        // Only a well-formed scheme is shown: anything else may be a
+        // connection string with a password in it.
+        let scheme = crate::database::scheme(database_url).unwrap_or("not PostgreSQL");
+        // Not a SettingsError: each setting is fine, the database is
+        // not the kind CDC mode needs (exit code 1).
+        anyhow::bail!(
+            "--mode cdc reads PostgreSQL's write-ahead log, but the database is {scheme}; \
+             use --mode poll"
+        );
+    }
+    let slot = slot_name(args.slot.clone(), file)?;
+    let publication = args
+        .publication
+        .clone()
+        .or_else(|| file.publication.clone())
+        .unwrap_or_else(|| DEFAULT_NAME.to_owned());
+    check_name("--publication", &publication)
+        .map_err(|error| SettingsError::new(error.to_string()))?;
+    Ok((mode, slot, publication))
+}
+
+/// The sink named, else the one whose address is given, else stdout.
+fn sink_kind(args: &RunArgs, file: &FileConfig) -> SinkKind {
+    args.sink
+        .or(file.sink)
+        .unwrap_or(if args.brokers.is_some() || file.brokers.is_some() {
+            SinkKind::Kafka
+        } else if args.amqp_url.is_some() || file.amqp_url.is_some() {
+            SinkKind::RabbitMq
+        } else if args.nats_url.is_some() || file.nats_url.is_some() {
+            SinkKind::Nats
+        } else {
+            SinkKind::Stdout
+        })
+}
+
+fn relay_deletes_on_publish(args: &RunArgs, file: &FileConfig) -> bool {
+    args.delete_on_publish || file.delete_on_publish.unwrap_or(false)
+}
+
+/// The loop's batch size, attempts, poll interval and retention.
+fn relay_options(
+    database_url: &str,
+    args: &RunArgs,
+    file: &FileConfig,
+) -> Result<RelayOptions, SettingsError> {
+    let batch_size = match given(
+        "--batch-size",
+        "batch_size",
+        args.batch_size,
+        file.batch_size,
+    ) {
+        Some(size) => check_count(&size.name, size.value, &BATCH_SIZE)? as usize,
+        None => 500,
+    };
+    let max_attempts = match given(
+        "--max-attempts",
+        "max_attempts",
+        args.max_attempts,
+        file.max_attempts,
+    ) {
+        Some(attempts) => check_count(&attempts.name, attempts.value, &MAX_ATTEMPTS)? as i32,
+        None => 10,
+    };
+    let default_poll = if Backend::of(database_url).is_some_and(Backend::notifies) {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_millis(100)
+    };
+    let poll_interval = match given_duration(
+        "--poll-interval",
+        "poll_interval",
+        args.poll_interval,
+        file,
+        &file.poll_interval,
+    )? {
+        Some(interval) => check_duration(&interval.name, interval.value, &POLL_INTERVAL)?,
+        None => default_poll,
+    };
+    Ok(RelayOptions {
+        batch_size,
+        poll_interval,
+        max_attempts,
+        drain: args.drain,
+        retention: retention(args, file)?,
+        ..RelayOptions::default()
+    })
+}
+
+/// The periodic cleanup, unless turned off or rows are deleted on publish.
+fn retention(args: &RunArgs, file: &FileConfig) -> Result<Option<Retention>, SettingsError> {
+    let cleanup =
+        !args.no_cleanup && file.cleanup.unwrap_or(true) && !relay_deletes_on_publish(args, file);
+    let defaults = Retention::default();
+    let keep_for = match given_duration(
+        "--retention",
+        "retention",
+        args.retention,
+        file,
+        &file.retention,
+    )? {
+        Some(keep_for) => check_duration(&keep_for.name, keep_for.value, &RETENTION)?,
+        None => defaults.keep_for,
+    };
+    let interval = match given_duration(
+        "--cleanup-interval",
+        "cleanup_interval",
+        args.cleanup_interval,
+        file,
+        &file.cleanup_interval,
+    )? {
+        Some(interval) => check_duration(&interval.name, interval.value, &CLEANUP_INTERVAL)?,
+        None => defaults.interval,
+    };
+    let batch_size = match file.cleanup_batch_size {
+        Some(size) => check_count("config key `cleanup_batch_size`", size, &CLEANUP_BATCH_SIZE)?,
+        None => defaults.batch_size,
+    };
+    Ok(cleanup.then_some(Retention {
+        keep_for,
+        interval,
+        batch_size,
+    }))
+}
+
+/// `--shards` and `--lease`.
+fn shard_count_and_lease(
+    args: &RunArgs,
+    file: &FileConfig,
+) -> Result<(u32, Duration), SettingsError> {
+    let shards = match given("--shards", "shards", args.shards, file.shards) {
+        Some(shards) => check_count(&shards.name, shards.value, &SHARDS)? as u32,
+        None => 16,
+    };
+    let lease = match given_duration("--lease", "lease", args.lease, file, &file.lease)? {
+        Some(lease) => check_duration(&lease.name, lease.value, &LEASE)?,
+        None => Duration::from_secs(10),
+    };
+    Ok((shards, lease))
+}
+
+/// `--send-timeout`, named as the user gave it.
+fn send_timeout(args: &RunArgs, file: &FileConfig) -> Result<Given<Duration>, SettingsError> {
+    match given_duration(
+        "--send-timeout",
+        "send_timeout",
+        args.send_timeout,
+        file,
+        &file.send_timeout,
+    )? {
+        Some(timeout) => Ok(Given {
+            value: check_duration(&timeout.name, timeout.value, &SEND_TIMEOUT)?,
+            name: timeout.name,
+        }),
+        None => Ok(Given {
+            value: DEFAULT_SEND_TIMEOUT,
+            name: "--send-timeout".into(),
+        }),
+    }
+}
+
+/// How this relay shares the shards, or `None` on SQLite (one relay per
+/// file: nothing to share).
+fn shard_config(
+    database_url: &str,
+    args: &RunArgs,
+    file: &FileConfig,
+    count: u32,
+    lease: Duration,
+    send_timeout: Duration,
+) -> Result<Option<ShardConfig>, SettingsError> {
+    // SQLite serves one relay per file: nothing to share.
+    let sharding = Backend::of(database_url).is_none_or(Backend::shares_work);
+    let instance = match given(
+        "--instance-id",
+        "instance_id",
+        args.instance_id.clone(),
+        file.instance_id.clone(),
+    ) {
+        Some(id) => check_instance_id(&id.name, id.value)?,
+        None => shorten_instance_id(default_instance_id()),
+    };
+    Ok(sharding.then(|| ShardConfig {
+        count,
+        lease,
+        instance,
+        batch_timeout: send_timeout + lease,
+    }))
+}
+
+/// The Kafka sink's settings; the producer settings are checked when it
+/// is the sink.
+fn kafka_options(
+    sink: SinkKind,
+    args: &RunArgs,
+    file: &FileConfig,
+    send_timeout: &Given<Duration>,
+) -> Result<KafkaOptions, SettingsError> {
+    let mut client_options: Vec<(String, String)> = file
+        .kafka
+        .iter()
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect();
+    for option in &args.kafka_options {
+        client_options.push(
+            parse_key_value(option)
+                .map_err(|error| SettingsError::new(format!("-X/--kafka-option: {error}")))?,
+        );
+    }
+    if sink == SinkKind::Kafka {
+        check_producer_options(&client_options, send_timeout.value, &send_timeout.name)?;
+    }
+    let defaults = KafkaOptions::default();
+    let topic_partitions = match given(
+        "--topic-partitions",
+        "topic_partitions",
+        args.topic_partitions,
+        file.topic_partitions,
+    ) {
+        Some(partitions) => {
+            check_count(&partitions.name, partitions.value, &TOPIC_PARTITIONS)? as i32
+        }
+        None => defaults.topic_partitions,
+    };
+    let topic_replication_factor = match given(
+        "--topic-replication-factor",
+        "topic_replication_factor",
+        args.topic_replication_factor,
+        file.topic_replication_factor,
+    ) {
+        Some(factor) => check_count(&factor.name, factor.value, &TOPIC_REPLICATION_FACTOR)? as i32,
+        None => defaults.topic_replication_factor,
+    };
+    Ok(KafkaOptions {
+        brokers: args
+            .brokers
+            .clone()
+            .or_else(|| file.brokers.clone())
+            .unwrap_or(defaults.brokers),
+        create_topics: !args.no_create_topics && file.create_topics.unwrap_or(true),
+        topic_partitions,
+        topic_replication_factor,
+        send_timeout: send_timeout.value,
+        client_options,
+    })
 }
 
 /// The RabbitMQ sink's settings; the URL is checked when it is the sink.
@@ -613,6 +729,124 @@ fn rabbitmq_options(
         mandatory: !allow_unroutable && !file.amqp_allow_unroutable.unwrap_or(false),
         send_timeout,
     })
+}
+
+/// The NATS sink's settings; the URL, stream and subject template are
+/// checked when it is the sink.
+fn nats_options(
+    sink: SinkKind,
+    args: &RunArgs,
+    file: &FileConfig,
+    send_timeout: Duration,
+    resend_bound: ResendBound,
+) -> Result<NatsOptions, SettingsError> {
+    let defaults = NatsOptions::default();
+    let url = given(
+        "--nats-url",
+        "nats_url",
+        args.nats_url.clone(),
+        file.nats_url.clone(),
+    )
+    .unwrap_or(Given {
+        value: defaults.url.clone(),
+        name: "--nats-url".into(),
+    });
+    let stream = given(
+        "--nats-stream",
+        "nats_stream",
+        args.nats_stream.clone(),
+        file.nats_stream.clone(),
+    )
+    .unwrap_or(Given {
+        value: defaults.stream.clone(),
+        name: "--nats-stream".into(),
+    });
+    let template = given(
+        "--nats-subject",
+        "nats_subject",
+        args.nats_subject.clone(),
+        file.nats_subject.clone(),
+    );
+    let subject_template = match &template {
+        Some(template) => SubjectTemplate::parse(&template.value)
+            .map_err(|error| SettingsError::new(format!("{}: {error}", template.name))),
+        None => Ok(defaults.subject_template.clone()),
+    };
+    if sink == SinkKind::Nats {
+        nats::check_url(&url.value)
+            .map_err(|error| SettingsError::new(format!("{}: {error}", url.name)))?;
+        nats::check_stream_name(&stream.value)
+            .map_err(|error| SettingsError::new(format!("{}: {error}", stream.name)))?;
+    }
+    // Checked whatever the sink, like the topic template: a default that
+    // fails would fail every NATS run.
+    let subject_template = match subject_template {
+        Ok(template) => template,
+        Err(error) if sink == SinkKind::Nats => return Err(error),
+        Err(_) => defaults.subject_template.clone(),
+    };
+    let max_pending = match given(
+        "--nats-max-pending",
+        "nats_max_pending",
+        args.nats_max_pending,
+        file.nats_max_pending,
+    ) {
+        Some(max) => check_count(&max.name, max.value, &NATS_MAX_PENDING)? as usize,
+        None => defaults.max_pending,
+    };
+    Ok(NatsOptions {
+        url: url.value,
+        stream: stream.value,
+        subject_template,
+        max_pending,
+        send_timeout,
+        resend_bound,
+    })
+}
+
+/// How much longer than the lease a relay's shards take to change owner
+/// (the `--lease` documentation's "lease plus about 2s").
+const SHARD_TAKEOVER_SLACK: Duration = Duration::from_secs(2);
+
+/// The longest gap between two sends of one event: a send stored but not
+/// acknowledged in time is retried after the aggregate's backoff; one
+/// acknowledged by a relay that stopped before marking it is sent again by
+/// the relay that takes over its shards (or CDC slot). Either waits for the
+/// next claim (the poll interval) too.
+fn resend_bound(
+    mode: RunMode,
+    relay: &RelayOptions,
+    shards: Option<&ShardConfig>,
+    send_timeout: Duration,
+) -> ResendBound {
+    let takeover = match (mode, shards) {
+        (RunMode::Cdc, _) => Some((crate::cdc::TAKEOVER_BOUND, "CDC takeover".to_owned())),
+        (RunMode::Poll, Some(shards)) => Some((
+            shards.lease + SHARD_TAKEOVER_SLACK,
+            format!(
+                "--lease {} + {} shard takeover",
+                shown(shards.lease),
+                shown(SHARD_TAKEOVER_SLACK)
+            ),
+        )),
+        (RunMode::Poll, None) => None,
+    };
+    let backoff = (
+        relay.max_backoff,
+        format!("{} backoff cap", shown(relay.max_backoff)),
+    );
+    let (wait, wait_made_of) = match takeover {
+        Some(takeover) if takeover.0 > backoff.0 => takeover,
+        _ => backoff,
+    };
+    ResendBound {
+        longest: send_timeout + wait + relay.poll_interval,
+        made_of: format!(
+            "--send-timeout {} + {wait_made_of} + --poll-interval {}",
+            shown(send_timeout),
+            shown(relay.poll_interval)
+        ),
+    }
 }
 
 /// librdkafka settings the relay sets itself because its guarantees rest on
@@ -832,6 +1066,123 @@ mod tests {
             ..RunArgs::default()
         };
         assert!(RunSettings::resolve(&global(None), args, &FileConfig::default()).is_ok());
+    }
+
+    #[test]
+    fn a_nats_url_selects_nats_and_its_settings_are_checked() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            nats_url = "nats://app:s3cret@nats:4222"
+            nats_stream = "EVENTS"
+            nats_subject = "events.{aggregatetype}.{aggregateid}"
+            nats_max_pending = 64
+            "#,
+        )
+        .unwrap();
+        let settings = RunSettings::resolve(
+            &global(Some("postgres://db/test")),
+            RunArgs::default(),
+            &file,
+        )
+        .unwrap();
+        assert_eq!(settings.sink, SinkKind::Nats);
+        assert_eq!(settings.nats.url, "nats://app:s3cret@nats:4222");
+        assert_eq!(settings.nats.stream, "EVENTS");
+        assert_eq!(
+            settings.nats.subject_template.subject("Order", "4.2"),
+            "events.Order.4%2E2"
+        );
+        assert_eq!(settings.nats.max_pending, 64);
+
+        let resolve = |args: RunArgs| {
+            RunSettings::resolve(&global(None), args, &FileConfig::default())
+                .unwrap_err()
+                .to_string()
+        };
+        let nats = |args: RunArgs| RunArgs {
+            sink: Some(SinkKind::Nats),
+            ..args
+        };
+        let error = resolve(nats(RunArgs {
+            nats_url: Some("nats://app:s3cret@nats:port".into()),
+            ..RunArgs::default()
+        }));
+        assert!(error.starts_with("--nats-url: not a URL"), "{error}");
+        assert!(!error.contains("s3cret"), "{error}");
+        let error = resolve(nats(RunArgs {
+            nats_max_pending: Some(0),
+            ..RunArgs::default()
+        }));
+        assert_eq!(error, "--nats-max-pending is 0; it must be 1 to 100000");
+        let error = resolve(nats(RunArgs {
+            nats_subject: Some("outbox.>".into()),
+            ..RunArgs::default()
+        }));
+        assert!(
+            error.starts_with("--nats-subject: the subject template"),
+            "{error}"
+        );
+        let error = resolve(nats(RunArgs {
+            nats_stream: Some("OUT BOX".into()),
+            ..RunArgs::default()
+        }));
+        assert!(error.starts_with("--nats-stream:"), "{error}");
+        // Another sink does not look at them.
+        let args = RunArgs {
+            sink: Some(SinkKind::Stdout),
+            nats_url: Some("nonsense://".into()),
+            nats_subject: Some("a..b".into()),
+            ..RunArgs::default()
+        };
+        assert!(RunSettings::resolve(&global(None), args, &FileConfig::default()).is_ok());
+    }
+
+    #[test]
+    fn the_resend_bound_is_the_longest_wait_before_an_event_is_sent_again() {
+        let bound = |database: &str, args: RunArgs| {
+            RunSettings::resolve(
+                &global(Some(database)),
+                RunArgs {
+                    sink: Some(SinkKind::Nats),
+                    ..args
+                },
+                &FileConfig::default(),
+            )
+            .unwrap()
+            .nats
+            .resend_bound
+        };
+        let defaults = bound("postgres://db/test", RunArgs::default());
+        assert_eq!(defaults.longest, Duration::from_secs(61));
+        assert_eq!(
+            defaults.made_of,
+            "--send-timeout 30s + 30s backoff cap + --poll-interval 1s"
+        );
+        let long_lease = bound(
+            "postgres://db/test",
+            RunArgs {
+                lease: Some(Duration::from_secs(60)),
+                send_timeout: Some(Duration::from_secs(5)),
+                ..RunArgs::default()
+            },
+        );
+        assert_eq!(long_lease.longest, Duration::from_secs(5 + 62 + 1));
+        assert_eq!(
+            long_lease.made_of,
+            "--send-timeout 5s + --lease 1m + 2s shard takeover + --poll-interval 1s"
+        );
+        let sqlite = bound(
+            "sqlite://x.db",
+            RunArgs {
+                lease: Some(Duration::from_secs(60)),
+                ..RunArgs::default()
+            },
+        );
+        assert_eq!(
+            sqlite.longest,
+            Duration::from_millis(60_100),
+            "one relay per SQLite file: no takeover"
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The relay's Prometheus metrics: their names, descriptions and buckets,
 //! and the functions that record them. Recording is a no-op unless
-//! `--metrics-addr` installed the exporter.
+//! `--metrics-addr` installed the exporter. Every metric carries the label
+//! [`SINK_LABEL`] naming the sink (`kafka`, `rabbitmq`, `nats`, `stdout`),
+//! so that relays publishing to different brokers can share dashboards.
 //!
 //! The pipeline (sources, the relay loop, CDC) reports here; this module
 //! knows only the claimed rows and plain numbers, never the pipeline's own
@@ -53,9 +55,14 @@ const LATENCY_BUCKETS: &[f64] = &[
 const BATCH_BUCKETS: &[f64] = &[1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0];
 const TRANSACTION_BUCKETS: &[f64] = &[1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6];
 
-/// Installs the Prometheus recorder and describes every metric.
-pub fn install() -> Result<PrometheusHandle, BuildError> {
+/// The label naming the sink on every metric.
+pub const SINK_LABEL: &str = "sink";
+
+/// Installs the Prometheus recorder, labelling every metric with the
+/// `sink`, and describes every metric.
+pub fn install(sink: &str) -> Result<PrometheusHandle, BuildError> {
     let handle = PrometheusBuilder::new()
+        .add_global_label(SINK_LABEL, sink)
         .set_buckets_for_metric(Matcher::Full(COMMIT_TO_ACK.into()), LATENCY_BUCKETS)?
         .set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), BATCH_BUCKETS)?
         .set_buckets_for_metric(

@@ -135,7 +135,7 @@ fn an_unknown_sink_is_a_usage_error() {
     assert_eq!(code, 2, "clap's usage-error code");
     assert!(stderr.contains("invalid value 'pulsar'"), "{stderr}");
     assert!(
-        stderr.contains("[possible values: kafka, rabbitmq, stdout]"),
+        stderr.contains("[possible values: kafka, rabbitmq, nats, stdout]"),
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"));

@@ -12,6 +12,7 @@ pub mod entities;
 pub mod events;
 pub mod http;
 pub mod kafka;
+pub mod nats;
 pub mod process;
 pub mod rabbitmq;
 pub mod stream;

@@ -1,5 +1,6 @@
 //! Sinks: where messages go. [`kafka`] publishes to a Kafka-API broker,
-//! [`rabbitmq`] to a RabbitMQ exchange, [`stdout`] prints JSON lines.
+//! [`rabbitmq`] to a RabbitMQ exchange, [`nats`] to a NATS JetStream
+//! stream, [`stdout`] prints JSON lines.
 //!
 //! A sink receives a whole batch, sends it concurrently and answers once per
 //! message after every acknowledgement is in. Messages with the same topic
@@ -8,6 +9,7 @@
 //! never overtake each other.
 
 pub mod kafka;
+pub mod nats;
 pub mod rabbitmq;
 pub mod stdout;
 
