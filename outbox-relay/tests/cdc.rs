@@ -341,6 +341,66 @@ async fn a_killed_relay_resumes_without_loss() {
     cdc.drop().await;
 }
 
+/// One transaction of 50,000 events is sent in pieces as it is read; a
+/// relay killed after the first pieces confirmed nothing of it, so the next
+/// relay publishes the whole transaction again, in order: every event
+/// arrives (at least once), each aggregate's events in insertion order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_transaction_killed_midway_is_published_whole_again() {
+    const ROWS: usize = 50_000;
+    let cdc = CdcDb::new().await;
+    let mut relay = cdc.relay("127.0.0.1:1", &["--sink", "stdout"]);
+    let first = cdc.wait_reading(None, &relay).await;
+    cdc.t
+        .db
+        .execute_unprepared(&format!(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             SELECT gen_random_uuid(), 'Invoice', 'inv-' || (g % 7), 'InvoiceIssued', \
+             json_build_object('n', g)::jsonb FROM generate_series(1, {ROWS}) AS g"
+        ))
+        .await
+        .expect("one large transaction");
+    // Pieces go out before the transaction is read to its end.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while relay.stdout().len() < 1_000 {
+        assert!(Instant::now() < deadline, "{}", relay.stderr().join("\n"));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    relay.kill9();
+    let before_kill = relay.stdout().len();
+    assert!(
+        before_kill < ROWS,
+        "the kill came after the whole transaction"
+    );
+
+    let mut relay = cdc.relay("127.0.0.1:1", &["--sink", "stdout"]);
+    cdc.wait_reading(Some(first), &relay).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while cdc.t.count("outbox WHERE published_at IS NULL").await > 0 {
+        assert!(
+            Instant::now() < deadline && relay.is_running(),
+            "{}",
+            relay.stderr().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lines = relay.stdout();
+    // Nothing of the transaction was confirmed: the second relay sent it whole.
+    assert_eq!(lines.len(), ROWS, "{before_kill} lines before the kill");
+    let mut last: std::collections::HashMap<String, i64> = Default::default();
+    for line in &lines {
+        let message: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        let key = message["key"].as_str().expect("key").to_owned();
+        let n = message["payload"]["n"].as_i64().expect("n");
+        let previous = last.insert(key.clone(), n).unwrap_or(0);
+        assert!(n > previous, "{key}: {n} after {previous}");
+    }
+    assert_eq!(last.len(), 7);
+    relay.signal("TERM");
+    assert_eq!(relay.wait(Duration::from_secs(30)), Some(0));
+    cdc.drop().await;
+}
+
 /// A second relay on the same slot stands by and takes over when the
 /// reading one dies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
