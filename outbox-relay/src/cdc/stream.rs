@@ -163,6 +163,7 @@ impl Stream {
     pub(crate) fn reads(&self) -> bool {
         self.buffered < self.batch_size.saturating_mul(BUFFERED_BATCHES)
             && self.buffered_bytes < BUFFERED_BYTES
+            && self.acknowledged.len() < BUFFERED_BATCHES
     }
 
     /// Bytes read and not acknowledged yet, about: the open transaction's
@@ -276,7 +277,9 @@ impl Stream {
     /// The next batch to send (whole transactions, at least one, until
     /// they hold the batch size or more), unless one is at the sink.
     pub(crate) fn next_batch(&mut self) -> Option<Vec<Committed>> {
-        if self.sending || self.ready.is_empty() {
+        // Marking that falls behind holds the ids of every batch waiting:
+        // sending pauses until it catches up.
+        if self.sending || self.ready.is_empty() || self.acknowledged.len() >= BUFFERED_BATCHES {
             return None;
         }
         let batch = take_batch(&mut self.ready, self.batch_size);
