@@ -213,7 +213,7 @@ impl Relay {
         Result<Option<Claimed>, SourceError>,
     ) {
         let in_flight = if claim_ahead {
-            InFlight::of(batch.claim.records())
+            batch.claim.in_flight()
         } else {
             InFlight::default()
         };

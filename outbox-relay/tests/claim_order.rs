@@ -174,10 +174,55 @@ async fn sqlite_plain_sql_rows_keep_insertion_order() {
     plain_sql_rows_keep_insertion_order(Backend::Sqlite).await;
 }
 
+fn event_types(records: &[outbox_relay::record::OutboxRecord]) -> Vec<String> {
+    records
+        .iter()
+        .map(|record| record.event_type.clone())
+        .collect()
+}
+
 /// A claim made while an earlier one is at the broker continues each
 /// aggregate after its rows in that claim, without waiting for them.
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_claims_ahead_continue_each_run() {
+    let t = TestDb::new(Backend::Postgres).await;
+    insert(
+        &t,
+        &[
+            ("a", Some(1)),
+            ("a", Some(2)),
+            ("b", Some(1)),
+            ("a", Some(3)),
+            ("a", Some(4)),
+        ],
+    )
+    .await;
+    let source = source::connect(&t.url, sharded()).await.expect("source");
+    let first = source.claim(2, &[]).await.expect("claim");
+    assert_eq!(event_types(first.records()), ["a-1", "a-2"]);
+    let ahead = source
+        .claim_ahead(10, &[], &first.in_flight())
+        .await
+        .expect("claim ahead")
+        .expect("PostgreSQL claims ahead");
+    // Aggregates go by their oldest rows left: b-1 came before a-3.
+    assert_eq!(event_types(ahead.records()), ["b-1", "a-3", "a-4"]);
+    drop(ahead);
+    drop(first);
+    assert_eq!(
+        claim(source.as_ref(), 10).await,
+        ["a-1", "a-2", "a-3", "a-4", "b-1"]
+    );
+    source.close().await;
+    t.drop().await;
+}
+
+/// An aggregate whose rows a claim had to look up in sequence order (its
+/// oldest rows by insertion were not its earliest) may have later rows
+/// locked by that claim but not taken: a claim ahead leaves the aggregate
+/// out instead of waiting for them, and takes the others.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_claims_ahead_leave_out_aggregates_held_by_a_lookup() {
     let t = TestDb::new(Backend::Postgres).await;
     insert(
         &t,
@@ -191,21 +236,17 @@ async fn postgres_claims_ahead_continue_each_run() {
     )
     .await;
     let source = source::connect(&t.url, sharded()).await.expect("source");
+    // The two oldest rows (a-3, a-1) choose two rows of a: its first two.
     let first = source.claim(2, &[]).await.expect("claim");
-    let types = |records: &[outbox_relay::record::OutboxRecord]| -> Vec<String> {
-        records
-            .iter()
-            .map(|record| record.event_type.clone())
-            .collect()
-    };
-    assert_eq!(types(first.records()), ["a-1", "a-2"]);
-    let in_flight = outbox_relay::source::InFlight::of(first.records());
+    assert_eq!(event_types(first.records()), ["a-1", "a-2"]);
+    // Waiting for a-3, which the first claim holds, would end in the
+    // claims' lock timeout, an error.
     let ahead = source
-        .claim_ahead(10, &[], &in_flight)
+        .claim_ahead(10, &[], &first.in_flight())
         .await
-        .expect("claim ahead")
+        .expect("a claim ahead never waits for the rows of the open claim")
         .expect("PostgreSQL claims ahead");
-    assert_eq!(types(ahead.records()), ["a-3", "a-4", "b-1"]);
+    assert_eq!(event_types(ahead.records()), ["b-1"]);
     drop(ahead);
     drop(first);
     assert_eq!(

@@ -99,7 +99,7 @@ pub trait Dialect: Sized + Send + Sync + 'static {
         source: &SqlSource<Self>,
         conn: &mut Connection<Self>,
         request: &ClaimRequest<'_>,
-    ) -> Result<Vec<OutboxRecord>, SourceError>;
+    ) -> Result<ClaimedRows, SourceError>;
 
     /// See [`super::Source::wait_for_rows`]; polling by default.
     async fn wait_for_rows(source: &SqlSource<Self>, timeout: Duration) {
@@ -158,6 +158,26 @@ pub struct ClaimRequest<'a> {
     pub in_flight: &'a InFlight,
     /// With shard ownership: the shards whose rows may be claimed.
     pub shards: Option<ShardScope>,
+}
+
+/// What a [`Dialect::claim`] took.
+#[derive(Debug, Default)]
+pub struct ClaimedRows {
+    /// The rows, in claim order.
+    pub records: Vec<OutboxRecord>,
+    /// Aggregates of which the claim locked rows it did not take: a claim
+    /// ahead leaves them out rather than wait for those rows
+    /// ([`InFlight::held`]).
+    pub held: Vec<AggregateKey>,
+}
+
+impl From<Vec<OutboxRecord>> for ClaimedRows {
+    fn from(records: Vec<OutboxRecord>) -> Self {
+        Self {
+            records,
+            held: Vec::new(),
+        }
+    }
 }
 
 /// The shards a claim may take rows of.

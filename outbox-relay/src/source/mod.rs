@@ -129,6 +129,9 @@ pub struct InFlight {
     /// (the claim took the aggregate's earliest pending rows, up to that
     /// place): a claim ahead continues the aggregate after it.
     pub runs: Vec<(AggregateKey, RunEnd)>,
+    /// Aggregates of which the claim holds locked rows it did not take: a
+    /// claim ahead leaves them out.
+    pub held: Vec<AggregateKey>,
 }
 
 /// Where an aggregate's rows in a claim end, in claim order: rows written
@@ -188,6 +191,7 @@ impl InFlight {
         Self {
             seqs: records.iter().map(|record| record.seq).collect(),
             runs: merged,
+            held: Vec::new(),
         }
     }
 
@@ -226,6 +230,12 @@ impl AggregateKey {
 pub trait Claim: Send {
     /// The claimed rows, in claim order: each aggregate's in sequence order.
     fn records(&self) -> &[OutboxRecord];
+
+    /// What a claim ahead must leave this claim: its rows, and the
+    /// aggregates of which it holds rows it did not take.
+    fn in_flight(&self) -> InFlight {
+        InFlight::of(self.records())
+    }
 
     /// Whether this instance still owns the claimed rows' shards, as far as
     /// it knows; a batch whose lease ran out (after a pause) is not sent.

@@ -23,7 +23,7 @@ use sqlx::{AssertSqlSafe, FromRow, MySql};
 
 use super::dead_letters::park;
 use super::decode;
-use super::dialect::{ClaimRequest, Dialect, ShardStatements};
+use super::dialect::{ClaimRequest, ClaimedRows, Dialect, ShardStatements};
 use super::runs::{Head, exclusion, in_claim_order, read_heads, read_runs};
 use super::shards::{ShardConfig, ShardStore, Taken, tables};
 use super::{IdLists, RunRow, SourceError, SourceOptions, SqlSource, Typed, question_marks};
@@ -101,7 +101,7 @@ impl Dialect for MySqlDialect {
         _source: &MySqlSource,
         conn: &mut MySqlConnection,
         request: &ClaimRequest<'_>,
-    ) -> Result<Vec<OutboxRecord>, SourceError> {
+    ) -> Result<ClaimedRows, SourceError> {
         let mut filter = exclusion(request.excluded.len(), false);
         let lock = match &request.shards {
             None => " SKIP LOCKED",
@@ -113,7 +113,7 @@ impl Dialect for MySqlDialect {
                 ""
             }
         };
-        claim_runs(conn, &filter, request, lock).await
+        Ok(claim_runs(conn, &filter, request, lock).await?.into())
     }
 
     const NOW: &'static str = "UTC_TIMESTAMP(6)";

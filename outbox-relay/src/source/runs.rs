@@ -12,11 +12,11 @@
 //! aggregate, in the order of their oldest rows; each aggregate's run in
 //! sequence order.
 //!
-//! PostgreSQL reads the oldest rows themselves and [`plan`]s: an aggregate
+//! PostgreSQL locks the oldest rows themselves and [`plan`]s: an aggregate
 //! whose oldest rows are provably its earliest pending ones (their numbers
-//! continue where the aggregate is known to stand) is claimed by `seq` as
-//! it is, any other is looked up in `aggregate_seq` order; both in one
-//! locking statement, ordered by [`claim_order`]. MariaDB/MySQL and SQLite
+//! continue where the aggregate is known to stand) is taken as it is, any
+//! other is looked up in `aggregate_seq` order by a second statement; the
+//! batch is ordered by [`claim_order`]. MariaDB/MySQL and SQLite
 //! run [`head_sql`] and [`runs_sql`] and order the result with
 //! [`in_claim_order`].
 
@@ -224,31 +224,12 @@ pub(crate) fn in_claim_order(heads: &[Head], mut rows: Vec<RunRow>) -> Vec<Outbo
     unbroken_runs(rows)
 }
 
-/// One of the oldest pending rows by `seq`: what a plan needs of it.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub(crate) struct HeadRow {
-    /// `aggregatetype`.
-    pub aggregatetype: String,
-    /// `aggregateid`.
-    pub aggregateid: String,
-    /// `aggregate_seq`, `None` for a row written by plain SQL.
-    pub aggregate_seq: Option<i64>,
-    /// `seq`.
-    pub seq: i64,
-    /// Where the row version read lies (PostgreSQL's `ctid`, as text): the
-    /// claim locks it there, with no index whose choice could depend on
-    /// the table's statistics.
-    pub place: String,
-}
-
 /// Which rows a claim takes, decided from the oldest pending rows.
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Plan {
     /// Rows known to be the earliest pending rows of their aggregates
-    /// (after those in flight), by `seq`: locked as they are.
+    /// (after those in flight), by `seq`: taken as they are.
     pub rows: Vec<i64>,
-    /// Where each of `rows` lies ([`HeadRow::place`]).
-    pub places: Vec<String>,
     /// Aggregates whose earliest pending rows must be looked up in
     /// `aggregate_seq` order.
     pub lookups: Vec<Lookup>,
@@ -291,7 +272,7 @@ pub(crate) struct Lookup {
 /// later event with a lower `seq` than the event it waited for: the
 /// numbers in the head then have a gap or do not start where expected,
 /// and the aggregate is looked up.
-pub(crate) fn plan(head: &[HeadRow], in_flight: &InFlight, settled: &Settled) -> Plan {
+pub(crate) fn plan(head: &[OutboxRecord], in_flight: &InFlight, settled: &Settled) -> Plan {
     let ends: HashMap<(&str, &str), RunEnd> = in_flight
         .runs
         .iter()
@@ -299,10 +280,10 @@ pub(crate) fn plan(head: &[HeadRow], in_flight: &InFlight, settled: &Settled) ->
         .collect();
     // The head's aggregates in the order of their oldest rows, each with
     // its rows (borrowed: no key is copied per row).
-    let mut groups: Vec<((&str, &str), Vec<&HeadRow>)> = Vec::new();
+    let mut groups: Vec<((&str, &str), Vec<&OutboxRecord>)> = Vec::new();
     let mut index: HashMap<(&str, &str), usize> = HashMap::new();
     for row in head {
-        let key = (row.aggregatetype.as_str(), row.aggregateid.as_str());
+        let key = (row.aggregate_type.as_str(), row.aggregate_id.as_str());
         match index.get(&key) {
             Some(&at) => groups[at].1.push(row),
             None => {
@@ -345,7 +326,6 @@ pub(crate) fn plan(head: &[HeadRow], in_flight: &InFlight, settled: &Settled) ->
         };
         if earliest {
             plan.rows.extend(rows.iter().map(|row| row.seq));
-            plan.places.extend(rows.iter().map(|row| row.place.clone()));
         } else {
             plan.lookups.push(Lookup {
                 key,
@@ -546,14 +526,11 @@ mod tests {
         assert!(sql.contains("AS run0 UNION ALL SELECT"), "{sql}");
     }
 
-    fn head(rows: &[(&str, Option<i64>, i64)]) -> Vec<HeadRow> {
+    fn head(rows: &[(&str, Option<i64>, i64)]) -> Vec<OutboxRecord> {
         rows.iter()
-            .map(|&(aggregate, aggregate_seq, seq)| HeadRow {
-                aggregatetype: "Order".into(),
-                aggregateid: aggregate.into(),
-                aggregate_seq,
+            .map(|&(aggregate, aggregate_seq, seq)| OutboxRecord {
                 seq,
-                place: format!("(0,{seq})"),
+                ..record(aggregate, &format!("{aggregate}{seq}"), aggregate_seq)
             })
             .collect()
     }

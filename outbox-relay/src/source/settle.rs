@@ -22,6 +22,8 @@ pub(crate) struct SqlClaim<D: Dialect> {
     pub txn: Option<Transaction<'static, D::Db>>,
     pub pool: Pool<D::Db>,
     pub records: Vec<OutboxRecord>,
+    /// See [`super::InFlight::held`].
+    pub held: Vec<super::AggregateKey>,
     pub delete_on_publish: bool,
     pub fencing: Option<Fencing>,
     /// Told where each aggregate continues once the settle committed.
@@ -43,6 +45,13 @@ where
 {
     fn records(&self) -> &[OutboxRecord] {
         &self.records
+    }
+
+    fn in_flight(&self) -> super::InFlight {
+        super::InFlight {
+            held: self.held.clone(),
+            ..super::InFlight::of(&self.records)
+        }
     }
 
     fn lease_valid(&self) -> bool {

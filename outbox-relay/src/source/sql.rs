@@ -12,7 +12,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Pool, Transaction};
 
 use super::dialect::{
-    ClaimRequest, Connection, DbRow, Dialect, RowsAffected, ShardScope, ShardStatements,
+    ClaimRequest, ClaimedRows, Connection, DbRow, Dialect, RowsAffected, ShardScope,
+    ShardStatements,
 };
 use super::fencing::{Fencing, owned_shards};
 use super::settle::SqlClaim;
@@ -163,8 +164,8 @@ where
                 owned: owned.iter().map(|(shard, _)| *shard).collect(),
             });
         }
-        let records = if shards.as_ref().is_some_and(|scope| scope.owned.is_empty()) {
-            Vec::new()
+        let claimed = if shards.as_ref().is_some_and(|scope| scope.owned.is_empty()) {
+            ClaimedRows::default()
         } else {
             let request = ClaimRequest {
                 limit,
@@ -178,7 +179,8 @@ where
         Ok(Box::new(SqlClaim::<D> {
             txn,
             pool: self.pool.clone(),
-            records,
+            records: claimed.records,
+            held: claimed.held,
             delete_on_publish: self.delete_on_publish,
             fencing: self.sharding.as_ref().map(|sharding| Fencing {
                 instance: sharding.config.instance.clone(),

@@ -20,13 +20,12 @@ use sqlx::{Connection, Row, Sqlite};
 
 use super::dead_letters::park;
 use super::decode::{self, Undecodable};
-use super::dialect::{ClaimRequest, Dialect};
+use super::dialect::{ClaimRequest, ClaimedRows, Dialect};
 use super::runs::{exclusion, in_claim_order, read_heads, read_runs};
 use super::{DeadLetter, IdLists, SourceError, SourceOptions, SqlSource, StatusRows, TypeBacklog};
 use crate::database::DatabaseUrl;
-use crate::record::OutboxRecord;
 
-/// The columns of a claimed row, named as [`OutboxRecord`]'s fields.
+/// The columns of a claimed row, named as [`OutboxRecord`](crate::record::OutboxRecord)'s fields.
 const COLUMNS: &str = "id, aggregatetype, aggregateid, type, payload, event_version, \
      aggregate_seq, traceparent, seq, attempts, \
      (julianday('now') - julianday(created_at)) * 86400.0 AS age_at_claim";
@@ -67,7 +66,7 @@ impl Dialect for SqliteDialect {
         _source: &SqliteSource,
         conn: &mut SqliteConnection,
         request: &ClaimRequest<'_>,
-    ) -> Result<Vec<OutboxRecord>, SourceError> {
+    ) -> Result<ClaimedRows, SourceError> {
         let filter = exclusion(request.excluded.len(), true);
         loop {
             let rows =
@@ -90,7 +89,7 @@ impl Dialect for SqliteDialect {
             // only rows that cannot be read were found; each round parks
             // at least one, so this ends.
             if !records.is_empty() || dead_lettered == 0 {
-                return Ok(records);
+                return Ok(records.into());
             }
         }
     }

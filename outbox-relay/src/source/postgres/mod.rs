@@ -33,12 +33,11 @@ use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use tokio::sync::Mutex;
 
-use super::dialect::{ClaimRequest, Dialect, Placeholders, ShardStatements};
+use super::dialect::{ClaimRequest, ClaimedRows, Dialect, Placeholders, ShardStatements};
 use super::runs::Settled;
 use super::shards::{ShardConfig, ShardStore};
 use super::{FailedRow, Marking, SourceError, SourceOptions, SqlSource, Typed};
 use crate::database::DatabaseUrl;
-use crate::record::OutboxRecord;
 
 pub use wakeup::{WAKE_LOCK_KEY, WAKE_SLOTS, take_wake_slots_sql};
 
@@ -125,12 +124,12 @@ impl Dialect for PgDialect {
         source: &PostgresSource,
         conn: &mut PgConnection,
         request: &ClaimRequest<'_>,
-    ) -> Result<Vec<OutboxRecord>, SourceError> {
-        let records = claim::claim(conn, request, &source.dialect().settled).await?;
-        if !records.is_empty() {
+    ) -> Result<ClaimedRows, SourceError> {
+        let claimed = claim::claim(conn, request, &source.dialect().settled).await?;
+        if !claimed.records.is_empty() {
             source.dialect().stop_watching().await;
         }
-        Ok(records)
+        Ok(claimed)
     }
 
     async fn wait_for_rows(source: &PostgresSource, timeout: Duration) {
