@@ -24,6 +24,7 @@ mod settle;
 pub mod shards;
 mod sql;
 pub mod sqlite;
+mod statements;
 mod status;
 
 use std::time::{Duration, Instant};
@@ -40,6 +41,7 @@ pub(crate) use runs::RunRow;
 pub use runs::Settled;
 pub use settle::{IdLists, Marking};
 pub use sql::SqlSource;
+pub use statements::SharedStatements;
 pub use status::{StatusRows, Typed};
 
 /// How rows are claimed and settled.
