@@ -585,17 +585,7 @@ fn retention(args: &RunArgs, file: &FileConfig) -> Result<Option<Retention>, Set
     let cleanup =
         !args.no_cleanup && file.cleanup.unwrap_or(true) && !relay_deletes_on_publish(args, file);
     let defaults = Retention::default();
-    let keep_for = checked_duration(
-        given_duration(
-            "--retention",
-            "retention",
-            args.retention,
-            file,
-            &file.retention,
-        )?,
-        &RETENTION,
-        defaults.keep_for,
-    )?;
+    let keep_for = keep_for("--retention", args.retention, file)?;
     let interval = checked_duration(
         given_duration(
             "--cleanup-interval",
@@ -992,23 +982,28 @@ fn shorten_instance_id(id: String) -> String {
     id.chars().skip(length - MAX_INSTANCE_ID_LEN).collect()
 }
 
+/// How long published rows are kept: `flag` (`--retention` of `run`,
+/// `--older-than` of `cleanup`), else the file's `retention`, else the
+/// default.
+fn keep_for(
+    flag: &str,
+    arg: Option<Duration>,
+    file: &FileConfig,
+) -> Result<Duration, SettingsError> {
+    checked_duration(
+        given_duration(flag, "retention", arg, file, &file.retention)?,
+        &RETENTION,
+        Retention::default().keep_for,
+    )
+}
+
 /// Everything `cleanup` needs.
 pub fn cleanup_retention(
     args: &CleanupArgs,
     file: &FileConfig,
 ) -> Result<Retention, SettingsError> {
     let defaults = Retention::default();
-    let keep_for = checked_duration(
-        given_duration(
-            "--older-than",
-            "retention",
-            args.older_than,
-            file,
-            &file.retention,
-        )?,
-        &RETENTION,
-        defaults.keep_for,
-    )?;
+    let keep_for = keep_for("--older-than", args.older_than, file)?;
     let batch_size = checked_count(
         given(
             "--batch-size",
