@@ -11,7 +11,9 @@
 //! commits (`settle.rs`), so a crash at any point leaves them pending and
 //! nothing is lost. A claimed row that cannot be read is dead-lettered
 //! with its reason instead of failing the claim (`decode.rs`,
-//! `dead_letters.rs`); `status.rs` reads what `status` shows.
+//! `dead_letters.rs`); `status.rs` reads what `status` shows. The
+//! statements every database runs alike (table check, shard read,
+//! retention, backlog, status, re-drive) are in `statements.rs`.
 
 mod dead_letters;
 mod decode;
