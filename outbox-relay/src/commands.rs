@@ -13,8 +13,8 @@ use crate::cli::{
     CdcCommand, CleanupArgs, Cli, Command, DropSlotArgs, RetryArgs, RunMode, SinkKind, StatusArgs,
 };
 use crate::config::{
-    FileConfig, RunSettings, SettingsError, cleanup_retention, database_url, remember_credentials,
-    slot_name,
+    FileConfig, RunSettings, RunSettingsError, SettingsError, cleanup_retention, database_url,
+    remember_credentials, slot_name,
 };
 use crate::database::Backend;
 use crate::health::{self, Health};
@@ -42,7 +42,7 @@ pub enum CommandError {
     /// Run settings that are each valid but do not suit the database
     /// (CDC mode on a database other than PostgreSQL).
     #[error(transparent)]
-    Unsuitable(Box<dyn std::error::Error + Send + Sync>),
+    Unsuitable(RunSettingsError),
     /// The signal handlers could not be installed.
     #[error("cannot install signal handlers")]
     Signals(#[source] std::io::Error),
@@ -120,14 +120,15 @@ impl CommandError {
     pub fn is_usage(&self) -> bool {
         matches!(self, Self::Settings(_))
     }
+}
 
-    /// Sorts out the errors of [`RunSettings::resolve`] (the one caller of
-    /// `anyhow` in this library, through `config`): settings errors stay
-    /// usage errors.
-    fn unsuitable(error: impl Into<anyhow::Error>) -> Self {
-        match error.into().downcast::<SettingsError>() {
-            Ok(settings) => Self::Settings(settings),
-            Err(other) => Self::Unsuitable(other.into()),
+/// Settings errors of [`RunSettings::resolve`] stay usage errors; the rest
+/// are settings that do not suit the database.
+impl From<RunSettingsError> for CommandError {
+    fn from(error: RunSettingsError) -> Self {
+        match error {
+            RunSettingsError::Settings(settings) => Self::Settings(settings),
+            unsuitable => Self::Unsuitable(unsuitable),
         }
     }
 }
@@ -141,8 +142,7 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
     remember_credentials(&cli, &file);
     match cli.command {
         Command::Run(args) => {
-            let settings = RunSettings::resolve(&cli.global, *args, &file)
-                .map_err(CommandError::unsuitable)?;
+            let settings = RunSettings::resolve(&cli.global, *args, &file)?;
             run(settings).await
         }
         Command::Migrate => migrate(&database_url(&cli.global, &file)).await,
@@ -472,11 +472,17 @@ mod tests {
         let settings = FileConfig::load(Some(missing)).unwrap_err();
         assert!(CommandError::from(settings).is_usage());
         let settings = FileConfig::load(Some(missing)).unwrap_err();
-        let resolved = CommandError::unsuitable(anyhow::Error::from(settings));
+        let resolved = CommandError::from(RunSettingsError::from(settings));
         assert!(resolved.is_usage(), "{resolved}");
-        let unsuitable = CommandError::unsuitable(anyhow::anyhow!("use --mode poll"));
+        let unsuitable = CommandError::from(RunSettingsError::CdcNeedsPostgres {
+            scheme: "mysql".into(),
+        });
         assert!(!unsuitable.is_usage());
-        assert_eq!(unsuitable.to_string(), "use --mode poll");
+        assert_eq!(
+            unsuitable.to_string(),
+            "--mode cdc reads PostgreSQL's write-ahead log, but the database is mysql; \
+             use --mode poll"
+        );
 
         let signals = CommandError::Signals(std::io::Error::other("no signal driver"));
         assert!(matches!(signals, CommandError::Signals(_)));

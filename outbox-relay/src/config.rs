@@ -88,6 +88,26 @@ impl SettingsError {
     }
 }
 
+/// Why [`RunSettings::resolve`] refused the settings of `run`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunSettingsError {
+    /// A setting out of its range or contradicting another: a usage error.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// CDC mode on a database other than PostgreSQL: each setting is
+    /// fine, the database is not the kind CDC mode needs.
+    #[error(
+        "--mode cdc reads PostgreSQL's write-ahead log, but the database is {scheme}; \
+         use --mode poll"
+    )]
+    CdcNeedsPostgres {
+        /// The URL's scheme when it is well formed, else "not PostgreSQL"
+        /// (anything else may be a connection string with a password).
+        scheme: String,
+    },
+}
+
 /// The optional TOML file: every key is optional.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -260,6 +280,32 @@ fn given_duration(
     Ok(given(flag, key, arg, file.duration(key, file_value)?))
 }
 
+/// The duration given, checked against `range`, else `default`.
+fn checked_duration(
+    given: Option<Given<Duration>>,
+    range: &RangeInclusive<Duration>,
+    default: Duration,
+) -> Result<Duration, SettingsError> {
+    given.map_or(Ok(default), |given| {
+        check_duration(&given.name, given.value, range)
+    })
+}
+
+/// The count given, checked against `range` (which `T` holds), else
+/// `default`.
+fn checked_count<T: TryFrom<u64>>(
+    given: Option<Given<impl TryInto<u64> + Display + Copy>>,
+    range: &RangeInclusive<u64>,
+    default: T,
+) -> Result<T, SettingsError> {
+    let Some(given) = given else {
+        return Ok(default);
+    };
+    let count = check_count(&given.name, given.value, range)?;
+    T::try_from(count)
+        .map_err(|_| SettingsError::new(format!("{} is {count}; it is too large", given.name)))
+}
+
 /// The database URL from the command line, environment, file or default.
 pub fn database_url(global: &GlobalArgs, file: &FileConfig) -> String {
     global
@@ -358,9 +404,14 @@ impl RunSettings {
     /// Merges the command line, environment and file, and checks every
     /// value against its range ([`SHARDS`], [`LEASE`], ...) and the
     /// relations between them (a producer linger shorter than the send
-    /// timeout); those failures are [`SettingsError`]s. CDC mode on a
-    /// database other than PostgreSQL fails too.
-    pub fn resolve(global: &GlobalArgs, args: RunArgs, file: &FileConfig) -> anyhow::Result<Self> {
+    /// timeout); those failures are [`RunSettingsError::Settings`]. CDC
+    /// mode on a database other than PostgreSQL fails with
+    /// [`RunSettingsError::CdcNeedsPostgres`].
+    pub fn resolve(
+        global: &GlobalArgs,
+        args: RunArgs,
+        file: &FileConfig,
+    ) -> Result<Self, RunSettingsError> {
         let database_url = database_url(global, file);
         let (mode, slot, publication) = mode_settings(&database_url, &args, file)?;
         let sink = sink_kind(&args, file);
@@ -376,16 +427,17 @@ impl RunSettings {
             lease,
             send_timeout.value,
         )?;
-        let metrics_interval = match given_duration(
-            "--metrics-interval",
-            "metrics_interval",
-            args.metrics_interval,
-            file,
-            &file.metrics_interval,
-        )? {
-            Some(interval) => check_duration(&interval.name, interval.value, &METRICS_INTERVAL)?,
-            None => Duration::from_secs(5),
-        };
+        let metrics_interval = checked_duration(
+            given_duration(
+                "--metrics-interval",
+                "metrics_interval",
+                args.metrics_interval,
+                file,
+                &file.metrics_interval,
+            )?,
+            &METRICS_INTERVAL,
+            Duration::from_secs(5),
+        )?;
         let kafka = kafka_options(sink, &args, file, &send_timeout)?;
         let rabbitmq = rabbitmq_options(
             sink,
@@ -434,7 +486,7 @@ fn mode_settings(
     database_url: &str,
     args: &RunArgs,
     file: &FileConfig,
-) -> anyhow::Result<(RunMode, String, String)> {
+) -> Result<(RunMode, String, String), RunSettingsError> {
     let mode = args.mode.or(file.mode).unwrap_or_default();
     if mode == RunMode::Cdc && Backend::of(database_url) != Some(Backend::Postgres) {
         // Only a well-formed scheme is shown: anything else may be a
@@ -442,10 +494,9 @@ fn mode_settings(
         let scheme = crate::database::scheme(database_url).unwrap_or("not PostgreSQL");
         // Not a SettingsError: each setting is fine, the database is
         // not the kind CDC mode needs (exit code 1).
-        anyhow::bail!(
-            "--mode cdc reads PostgreSQL's write-ahead log, but the database is {scheme}; \
-             use --mode poll"
-        );
+        return Err(RunSettingsError::CdcNeedsPostgres {
+            scheme: scheme.to_owned(),
+        });
     }
     let slot = slot_name(args.slot.clone(), file)?;
     let publication = args
@@ -483,39 +534,42 @@ fn relay_options(
     args: &RunArgs,
     file: &FileConfig,
 ) -> Result<RelayOptions, SettingsError> {
-    let batch_size = match given(
-        "--batch-size",
-        "batch_size",
-        args.batch_size,
-        file.batch_size,
-    ) {
-        Some(size) => check_count(&size.name, size.value, &BATCH_SIZE)? as usize,
-        None => 500,
-    };
-    let max_attempts = match given(
-        "--max-attempts",
-        "max_attempts",
-        args.max_attempts,
-        file.max_attempts,
-    ) {
-        Some(attempts) => check_count(&attempts.name, attempts.value, &MAX_ATTEMPTS)? as i32,
-        None => 10,
-    };
+    let batch_size = checked_count(
+        given(
+            "--batch-size",
+            "batch_size",
+            args.batch_size,
+            file.batch_size,
+        ),
+        &BATCH_SIZE,
+        500,
+    )?;
+    let max_attempts = checked_count(
+        given(
+            "--max-attempts",
+            "max_attempts",
+            args.max_attempts,
+            file.max_attempts,
+        ),
+        &MAX_ATTEMPTS,
+        10,
+    )?;
     let default_poll = if Backend::of(database_url).is_some_and(Backend::notifies) {
         Duration::from_secs(1)
     } else {
         Duration::from_millis(100)
     };
-    let poll_interval = match given_duration(
-        "--poll-interval",
-        "poll_interval",
-        args.poll_interval,
-        file,
-        &file.poll_interval,
-    )? {
-        Some(interval) => check_duration(&interval.name, interval.value, &POLL_INTERVAL)?,
-        None => default_poll,
-    };
+    let poll_interval = checked_duration(
+        given_duration(
+            "--poll-interval",
+            "poll_interval",
+            args.poll_interval,
+            file,
+            &file.poll_interval,
+        )?,
+        &POLL_INTERVAL,
+        default_poll,
+    )?;
     Ok(RelayOptions {
         batch_size,
         poll_interval,
@@ -531,26 +585,18 @@ fn retention(args: &RunArgs, file: &FileConfig) -> Result<Option<Retention>, Set
     let cleanup =
         !args.no_cleanup && file.cleanup.unwrap_or(true) && !relay_deletes_on_publish(args, file);
     let defaults = Retention::default();
-    let keep_for = match given_duration(
-        "--retention",
-        "retention",
-        args.retention,
-        file,
-        &file.retention,
-    )? {
-        Some(keep_for) => check_duration(&keep_for.name, keep_for.value, &RETENTION)?,
-        None => defaults.keep_for,
-    };
-    let interval = match given_duration(
-        "--cleanup-interval",
-        "cleanup_interval",
-        args.cleanup_interval,
-        file,
-        &file.cleanup_interval,
-    )? {
-        Some(interval) => check_duration(&interval.name, interval.value, &CLEANUP_INTERVAL)?,
-        None => defaults.interval,
-    };
+    let keep_for = keep_for("--retention", args.retention, file)?;
+    let interval = checked_duration(
+        given_duration(
+            "--cleanup-interval",
+            "cleanup_interval",
+            args.cleanup_interval,
+            file,
+            &file.cleanup_interval,
+        )?,
+        &CLEANUP_INTERVAL,
+        defaults.interval,
+    )?;
     let batch_size = match file.cleanup_batch_size {
         Some(size) => check_count("config key `cleanup_batch_size`", size, &CLEANUP_BATCH_SIZE)?,
         None => defaults.batch_size,
@@ -567,14 +613,16 @@ fn shard_count_and_lease(
     args: &RunArgs,
     file: &FileConfig,
 ) -> Result<(u32, Duration), SettingsError> {
-    let shards = match given("--shards", "shards", args.shards, file.shards) {
-        Some(shards) => check_count(&shards.name, shards.value, &SHARDS)? as u32,
-        None => 16,
-    };
-    let lease = match given_duration("--lease", "lease", args.lease, file, &file.lease)? {
-        Some(lease) => check_duration(&lease.name, lease.value, &LEASE)?,
-        None => Duration::from_secs(10),
-    };
+    let shards = checked_count(
+        given("--shards", "shards", args.shards, file.shards),
+        &SHARDS,
+        16,
+    )?;
+    let lease = checked_duration(
+        given_duration("--lease", "lease", args.lease, file, &file.lease)?,
+        &LEASE,
+        Duration::from_secs(10),
+    )?;
     Ok((shards, lease))
 }
 
@@ -650,26 +698,26 @@ fn kafka_options(
         check_producer_options(&client_options, send_timeout.value, &send_timeout.name)?;
     }
     let defaults = KafkaOptions::default();
-    let topic_partitions = match given(
-        "--topic-partitions",
-        "topic_partitions",
-        args.topic_partitions,
-        file.topic_partitions,
-    ) {
-        Some(partitions) => {
-            check_count(&partitions.name, partitions.value, &TOPIC_PARTITIONS)? as i32
-        }
-        None => defaults.topic_partitions,
-    };
-    let topic_replication_factor = match given(
-        "--topic-replication-factor",
-        "topic_replication_factor",
-        args.topic_replication_factor,
-        file.topic_replication_factor,
-    ) {
-        Some(factor) => check_count(&factor.name, factor.value, &TOPIC_REPLICATION_FACTOR)? as i32,
-        None => defaults.topic_replication_factor,
-    };
+    let topic_partitions = checked_count(
+        given(
+            "--topic-partitions",
+            "topic_partitions",
+            args.topic_partitions,
+            file.topic_partitions,
+        ),
+        &TOPIC_PARTITIONS,
+        defaults.topic_partitions,
+    )?;
+    let topic_replication_factor = checked_count(
+        given(
+            "--topic-replication-factor",
+            "topic_replication_factor",
+            args.topic_replication_factor,
+            file.topic_replication_factor,
+        ),
+        &TOPIC_REPLICATION_FACTOR,
+        defaults.topic_replication_factor,
+    )?;
     Ok(KafkaOptions {
         brokers: args
             .brokers
@@ -713,15 +761,16 @@ fn rabbitmq_options(
             exchange.len()
         )));
     }
-    let max_unconfirmed = match given(
-        "--amqp-max-unconfirmed",
-        "amqp_max_unconfirmed",
-        max_unconfirmed,
-        file.amqp_max_unconfirmed,
-    ) {
-        Some(max) => check_count(&max.name, max.value, &AMQP_MAX_UNCONFIRMED)? as usize,
-        None => defaults.max_unconfirmed,
-    };
+    let max_unconfirmed = checked_count(
+        given(
+            "--amqp-max-unconfirmed",
+            "amqp_max_unconfirmed",
+            max_unconfirmed,
+            file.amqp_max_unconfirmed,
+        ),
+        &AMQP_MAX_UNCONFIRMED,
+        defaults.max_unconfirmed,
+    )?;
     Ok(RabbitMqOptions {
         url: url.value,
         exchange,
@@ -785,15 +834,16 @@ fn nats_options(
         Err(error) if sink == SinkKind::Nats => return Err(error),
         Err(_) => defaults.subject_template.clone(),
     };
-    let max_pending = match given(
-        "--nats-max-pending",
-        "nats_max_pending",
-        args.nats_max_pending,
-        file.nats_max_pending,
-    ) {
-        Some(max) => check_count(&max.name, max.value, &NATS_MAX_PENDING)? as usize,
-        None => defaults.max_pending,
-    };
+    let max_pending = checked_count(
+        given(
+            "--nats-max-pending",
+            "nats_max_pending",
+            args.nats_max_pending,
+            file.nats_max_pending,
+        ),
+        &NATS_MAX_PENDING,
+        defaults.max_pending,
+    )?;
     Ok(NatsOptions {
         url: url.value,
         stream: stream.value,
@@ -932,31 +982,38 @@ fn shorten_instance_id(id: String) -> String {
     id.chars().skip(length - MAX_INSTANCE_ID_LEN).collect()
 }
 
+/// How long published rows are kept: `flag` (`--retention` of `run`,
+/// `--older-than` of `cleanup`), else the file's `retention`, else the
+/// default.
+fn keep_for(
+    flag: &str,
+    arg: Option<Duration>,
+    file: &FileConfig,
+) -> Result<Duration, SettingsError> {
+    checked_duration(
+        given_duration(flag, "retention", arg, file, &file.retention)?,
+        &RETENTION,
+        Retention::default().keep_for,
+    )
+}
+
 /// Everything `cleanup` needs.
 pub fn cleanup_retention(
     args: &CleanupArgs,
     file: &FileConfig,
 ) -> Result<Retention, SettingsError> {
     let defaults = Retention::default();
-    let keep_for = match given_duration(
-        "--older-than",
-        "retention",
-        args.older_than,
-        file,
-        &file.retention,
-    )? {
-        Some(keep_for) => check_duration(&keep_for.name, keep_for.value, &RETENTION)?,
-        None => defaults.keep_for,
-    };
-    let batch_size = match given(
-        "--batch-size",
-        "cleanup_batch_size",
-        args.batch_size,
-        file.cleanup_batch_size,
-    ) {
-        Some(size) => check_count(&size.name, size.value, &CLEANUP_BATCH_SIZE)?,
-        None => defaults.batch_size,
-    };
+    let keep_for = keep_for("--older-than", args.older_than, file)?;
+    let batch_size = checked_count(
+        given(
+            "--batch-size",
+            "cleanup_batch_size",
+            args.batch_size,
+            file.cleanup_batch_size,
+        ),
+        &CLEANUP_BATCH_SIZE,
+        defaults.batch_size,
+    )?;
     Ok(Retention {
         keep_for,
         batch_size,

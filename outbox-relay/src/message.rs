@@ -78,6 +78,24 @@ impl Default for TopicTemplate {
     }
 }
 
+/// An `OrderPlaced` message of order `key` with event id `id`, as the
+/// Kafka headers carry it.
+#[cfg(test)]
+pub(crate) fn test_message(id: &str, key: &str) -> Message {
+    Message {
+        topic: "outbox.event.Order".into(),
+        key: key.into(),
+        aggregate_type: "Order".into(),
+        headers: vec![
+            ("id", id.into()),
+            ("eventType", "OrderPlaced".into()),
+            ("eventVersion", "2".into()),
+            ("aggregateSequence", "7".into()),
+        ],
+        payload: Some(r#"{"order_id":42}"#.into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

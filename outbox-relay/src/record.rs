@@ -31,3 +31,22 @@ pub struct OutboxRecord {
     /// commit-to-acknowledgement latency.
     pub age_at_claim: f64,
 }
+
+/// A pending `Order` row of `aggregate` with an empty payload, after
+/// `attempts` failed attempts.
+#[cfg(test)]
+pub(crate) fn test_record(id: &str, aggregate: &str, attempts: i32) -> OutboxRecord {
+    OutboxRecord {
+        id: id.into(),
+        aggregate_type: "Order".into(),
+        aggregate_id: aggregate.into(),
+        event_type: "E".into(),
+        payload: Some("{}".into()),
+        event_version: 1,
+        aggregate_seq: None,
+        traceparent: None,
+        seq: 0,
+        attempts,
+        age_at_claim: 0.0,
+    }
+}

@@ -462,22 +462,7 @@ pub fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(id: &str, aggregate: &str, attempts: i32) -> OutboxRecord {
-        OutboxRecord {
-            id: id.into(),
-            aggregate_type: "Order".into(),
-            aggregate_id: aggregate.into(),
-            event_type: "E".into(),
-            payload: Some("{}".into()),
-            event_version: 1,
-            aggregate_seq: None,
-            traceparent: None,
-            seq: 0,
-            attempts,
-            age_at_claim: 0.0,
-        }
-    }
+    use crate::record::test_record as record;
 
     #[test]
     fn an_aggregate_stops_at_its_first_failure() {

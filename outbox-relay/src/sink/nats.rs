@@ -38,18 +38,20 @@
 pub mod subject;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{
-    CreateStreamErrorKind, GetStreamErrorKind, PublishError, PublishErrorKind,
+    CreateStreamErrorKind, GetStreamErrorKind, PublishAckFuture, PublishError, PublishErrorKind,
 };
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::{Config as StreamConfig, StorageType};
 use async_nats::{HeaderMap, HeaderValue};
 use async_trait::async_trait;
 use futures::StreamExt;
+use futures::future::{Join, Ready, join, ready};
 use futures::stream::FuturesUnordered;
 
 use super::{SendError, Sink};
@@ -630,6 +632,101 @@ fn prepare(message: &Message, subject: &str) -> Result<PublishMessage, SendError
         .headers(message_headers(message)?))
 }
 
+/// A PubAck awaited, with the index of its message in the batch.
+type Awaited = Join<Ready<usize>, <PublishAckFuture as IntoFuture>::IntoFuture>;
+
+/// One batch being published: what [`Dispatch`] decided so far, the
+/// messages awaiting their PubAck, and why nothing more is sent, once so.
+struct InFlight<'a> {
+    dispatch: Dispatch<'a>,
+    deadline: tokio::time::Instant,
+    awaited: FuturesUnordered<Awaited>,
+    duplicates: usize,
+    stopped: Option<String>,
+}
+
+impl NatsSink {
+    /// Publishes message `index` of the batch, without awaiting its PubAck.
+    async fn send(&self, batch: &mut InFlight<'_>, index: usize, message: &Message) {
+        let subject = batch.dispatch.subject(index).to_owned();
+        let publish = match prepare(message, &subject) {
+            Ok(publish) => publish,
+            Err(error) => {
+                batch.dispatch.fail(index, error);
+                return;
+            }
+        };
+        let sent = tokio::time::timeout_at(
+            batch.deadline,
+            self.jetstream.send_publish(subject.clone(), publish),
+        )
+        .await;
+        match sent {
+            Ok(Ok(ack)) => batch.awaited.push(join(ready(index), ack.into_future())),
+            Ok(Err(error)) => {
+                let failure = self.failure(&subject, &error);
+                if failure.kind != super::FailureKind::Permanent {
+                    batch.stopped = Some(failure.reason.clone());
+                }
+                batch.dispatch.fail(index, failure);
+            }
+            Err(_) => {
+                let reason = no_ack_within(self.options.send_timeout);
+                batch
+                    .dispatch
+                    .fail(index, SendError::transient(reason.clone()));
+                batch.stopped = Some(reason);
+            }
+        }
+    }
+
+    /// Waits for the next PubAck; false when none can come: nothing
+    /// awaits one, or the send timeout passed.
+    async fn await_ack(&self, batch: &mut InFlight<'_>) -> bool {
+        if batch.awaited.is_empty() {
+            return false;
+        }
+        match tokio::time::timeout_at(batch.deadline, batch.awaited.next()).await {
+            Ok(Some((index, Ok(ack)))) => {
+                batch.duplicates += usize::from(ack.duplicate);
+                batch.dispatch.acked(index);
+            }
+            Ok(Some((index, Err(error)))) => {
+                let subject = batch.dispatch.subject(index).to_owned();
+                let failure = self.failure(&subject, &error);
+                batch.dispatch.fail(index, failure);
+            }
+            Ok(None) => return false,
+            Err(_) => {
+                batch.stopped = Some(no_ack_within(self.options.send_timeout));
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Every message's outcome, those still open failed.
+    fn finish(&self, batch: InFlight<'_>) -> Vec<Result<(), SendError>> {
+        drop(batch.awaited);
+        if batch.duplicates > 0 {
+            tracing::info!(
+                duplicates = batch.duplicates,
+                stream = %self.options.stream,
+                "events sent before were dropped by the stream's duplicate window"
+            );
+        }
+        match batch.stopped {
+            Some(reason) => {
+                tracing::warn!(%reason, "NATS publishing stopped for this batch");
+                batch
+                    .dispatch
+                    .finish(|| SendError::transient(reason.clone()))
+            }
+            None => batch.dispatch.finish(|| SendError::transient("no PubAck")),
+        }
+    }
+}
+
 #[async_trait]
 impl Sink for NatsSink {
     async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
@@ -641,82 +738,26 @@ impl Sink for NatsSink {
             .iter()
             .map(|message| template.subject(&message.aggregate_type, &message.key))
             .collect();
-        let mut dispatch = Dispatch::new(messages, subjects);
-        let deadline = tokio::time::Instant::now() + self.options.send_timeout;
+        let mut batch = InFlight {
+            dispatch: Dispatch::new(messages, subjects),
+            deadline: tokio::time::Instant::now() + self.options.send_timeout,
+            awaited: FuturesUnordered::new(),
+            duplicates: 0,
+            stopped: None,
+        };
         let max_pending = self.options.max_pending.max(1);
-        let mut in_flight = FuturesUnordered::new();
-        let mut duplicates = 0usize;
-        // Why nothing more is sent, once so.
-        let mut stopped: Option<String> = None;
         loop {
-            while stopped.is_none() && in_flight.len() < max_pending {
-                let Some(index) = dispatch.next_to_send() else {
+            while batch.stopped.is_none() && batch.awaited.len() < max_pending {
+                let Some(index) = batch.dispatch.next_to_send() else {
                     break;
                 };
-                let subject = dispatch.subject(index).to_owned();
-                let publish = match prepare(&messages[index], &subject) {
-                    Ok(publish) => publish,
-                    Err(error) => {
-                        dispatch.fail(index, error);
-                        continue;
-                    }
-                };
-                let sent = tokio::time::timeout_at(
-                    deadline,
-                    self.jetstream.send_publish(subject.clone(), publish),
-                )
-                .await;
-                match sent {
-                    Ok(Ok(ack)) => in_flight.push(async move { (index, ack.await) }),
-                    Ok(Err(error)) => {
-                        let failure = self.failure(&subject, &error);
-                        if failure.kind != super::FailureKind::Permanent {
-                            stopped = Some(failure.reason.clone());
-                        }
-                        dispatch.fail(index, failure);
-                    }
-                    Err(_) => {
-                        let reason = no_ack_within(self.options.send_timeout);
-                        dispatch.fail(index, SendError::transient(reason.clone()));
-                        stopped = Some(reason);
-                    }
-                }
+                self.send(&mut batch, index, &messages[index]).await;
             }
-            if in_flight.is_empty() {
+            if !self.await_ack(&mut batch).await {
                 break;
             }
-            match tokio::time::timeout_at(deadline, in_flight.next()).await {
-                Ok(Some((index, Ok(ack)))) => {
-                    duplicates += usize::from(ack.duplicate);
-                    dispatch.acked(index);
-                }
-                Ok(Some((index, Err(error)))) => {
-                    let subject = dispatch.subject(index).to_owned();
-                    let failure = self.failure(&subject, &error);
-                    dispatch.fail(index, failure);
-                }
-                Ok(None) => break,
-                Err(_) => {
-                    stopped = Some(no_ack_within(self.options.send_timeout));
-                    break;
-                }
-            }
         }
-        drop(in_flight);
-        if duplicates > 0 {
-            tracing::info!(
-                duplicates,
-                stream = %self.options.stream,
-                "events sent before were dropped by the stream's duplicate window"
-            );
-        }
-        match stopped {
-            Some(reason) => {
-                tracing::warn!(%reason, "NATS publishing stopped for this batch");
-                dispatch.finish(|| SendError::transient(reason.clone()))
-            }
-            None => dispatch.finish(|| SendError::transient("no PubAck")),
-        }
+        self.finish(batch)
     }
 
     async fn flush(&self, timeout: Duration) {
@@ -739,22 +780,8 @@ impl Sink for NatsSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::test_message as message;
     use crate::sink::FailureKind;
-
-    fn message(id: &str, key: &str) -> Message {
-        Message {
-            topic: "outbox.event.Order".into(),
-            key: key.into(),
-            aggregate_type: "Order".into(),
-            headers: vec![
-                ("id", id.into()),
-                ("eventType", "OrderPlaced".into()),
-                ("eventVersion", "2".into()),
-                ("aggregateSequence", "7".into()),
-            ],
-            payload: Some(r#"{"order_id":42}"#.into()),
-        }
-    }
 
     fn subjects(messages: &[Message]) -> Vec<String> {
         let template = SubjectTemplate::parse(subject::DEFAULT_TEMPLATE).unwrap();

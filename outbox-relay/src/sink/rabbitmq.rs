@@ -46,12 +46,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use futures::future::{Join, Ready, join, ready};
 use futures::stream::FuturesUnordered;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    PublisherConfirm,
 };
 
 use super::{SendError, Sink};
@@ -455,102 +457,18 @@ impl Sink for RabbitMqSink {
             Ok(link) => link.channel.clone(),
             Err(error) => return vec![Err(error); messages.len()],
         };
-        let exchange = ShortString::try_new(self.options.exchange.clone()).unwrap_or_default();
-        let options = BasicPublishOptions {
-            mandatory: self.options.mandatory,
-            ..BasicPublishOptions::default()
-        };
-        let timestamp = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_secs());
-        let deadline = tokio::time::Instant::now() + self.options.send_timeout;
         let max_unconfirmed = self.options.max_unconfirmed.max(1);
-
-        let mut confirms = Confirms::new(messages);
-        let mut unconfirmed = FuturesUnordered::new();
-        // Why the channel can take nothing more, once it cannot.
-        let mut broken: Option<String> = None;
+        let mut batch = InFlight::new(&self.options, channel, messages);
         for (index, message) in messages.iter().enumerate() {
-            if confirms.held_back(index) {
-                confirms.hold_back(index);
+            if batch.confirms.held_back(index) {
+                batch.confirms.hold_back(index);
                 continue;
             }
-            while broken.is_none() && unconfirmed.len() >= max_unconfirmed {
-                match tokio::time::timeout_at(deadline, unconfirmed.next()).await {
-                    Ok(Some((done, Ok(confirmation)))) => {
-                        confirm(&mut confirms, done, confirmation)
-                    }
-                    Ok(Some((done, Err(error)))) => {
-                        let reason = format!("no confirm: {}", one_line(&error));
-                        confirms.fail(done, SendError::transient(reason.clone()));
-                        broken = Some(reason);
-                    }
-                    Ok(None) => break,
-                    Err(_) => broken = Some(no_confirm_within(self.options.send_timeout)),
-                }
-            }
-            if confirms.held_back(index) {
-                confirms.hold_back(index);
-                continue;
-            }
-            if let Some(reason) = &broken {
-                confirms.fail(index, SendError::transient(reason.clone()));
-                continue;
-            }
-            let properties = match properties(message, timestamp) {
-                Ok(properties) => properties,
-                Err(error) => {
-                    confirms.fail(index, error);
-                    continue;
-                }
-            };
-            let Ok(routing_key) = ShortString::try_new(message.topic.clone()) else {
-                confirms.fail(
-                    index,
-                    SendError::permanent(format!(
-                        "the routing key {:?} is longer than AMQP's 255 bytes",
-                        message.topic
-                    )),
-                );
-                continue;
-            };
-            let body = message.payload.as_deref().unwrap_or_default().as_bytes();
-            let sent = tokio::time::timeout_at(
-                deadline,
-                channel.basic_publish(exchange.clone(), routing_key, options, body, properties),
-            )
-            .await;
-            match sent {
-                Ok(Ok(confirm)) => unconfirmed.push(async move { (index, confirm.await) }),
-                Ok(Err(error)) => {
-                    let reason = format!("cannot publish: {}", one_line(&error));
-                    confirms.fail(index, SendError::transient(reason.clone()));
-                    broken = Some(reason);
-                }
-                Err(_) => {
-                    let reason = no_confirm_within(self.options.send_timeout);
-                    confirms.fail(index, SendError::transient(reason.clone()));
-                    broken = Some(reason);
-                }
-            }
+            while batch.unconfirmed.len() >= max_unconfirmed && batch.await_confirm().await {}
+            batch.send(index, message).await;
         }
-        while broken.is_none() && !unconfirmed.is_empty() {
-            match tokio::time::timeout_at(deadline, unconfirmed.next()).await {
-                Ok(Some((done, Ok(confirmation)))) => confirm(&mut confirms, done, confirmation),
-                Ok(Some((done, Err(error)))) => {
-                    let reason = format!("no confirm: {}", one_line(&error));
-                    confirms.fail(done, SendError::transient(reason.clone()));
-                    broken = Some(reason);
-                }
-                Ok(None) => break,
-                Err(_) => broken = Some(no_confirm_within(self.options.send_timeout)),
-            }
-        }
-        drop(unconfirmed);
-        let outcomes = match &broken {
-            Some(reason) => confirms.finish(|| SendError::transient(reason.clone())),
-            None => confirms.finish(|| SendError::transient("no confirm")),
-        };
+        while batch.await_confirm().await {}
+        let (outcomes, broken) = batch.finish();
         if let Some(reason) = broken {
             self.up.store(false, Ordering::Relaxed);
             tracing::warn!(%reason, "closing the RabbitMQ connection; the next batch opens a new one");
@@ -579,6 +497,130 @@ impl Sink for RabbitMqSink {
     }
 }
 
+/// A confirm awaited, with the index of its message in the batch.
+type Awaited = Join<Ready<usize>, PublisherConfirm>;
+
+/// One batch being published over one channel: the messages awaiting
+/// their confirm, and why the channel can take nothing more, once it cannot.
+struct InFlight<'a> {
+    channel: Channel,
+    exchange: ShortString,
+    publish: BasicPublishOptions,
+    /// The time of publishing, in seconds since the epoch.
+    timestamp: u64,
+    deadline: tokio::time::Instant,
+    send_timeout: Duration,
+    confirms: Confirms<'a>,
+    unconfirmed: FuturesUnordered<Awaited>,
+    broken: Option<String>,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(options: &RabbitMqOptions, channel: Channel, messages: &'a [Message]) -> Self {
+        Self {
+            channel,
+            exchange: ShortString::try_new(options.exchange.clone()).unwrap_or_default(),
+            publish: BasicPublishOptions {
+                mandatory: options.mandatory,
+                ..BasicPublishOptions::default()
+            },
+            timestamp: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |elapsed| elapsed.as_secs()),
+            deadline: tokio::time::Instant::now() + options.send_timeout,
+            send_timeout: options.send_timeout,
+            confirms: Confirms::new(messages),
+            unconfirmed: FuturesUnordered::new(),
+            broken: None,
+        }
+    }
+
+    /// Message `index` failed, and the channel can take nothing more.
+    fn break_at(&mut self, index: usize, reason: String) {
+        self.confirms
+            .fail(index, SendError::transient(reason.clone()));
+        self.broken = Some(reason);
+    }
+
+    /// Waits for the next confirm; false when none can come: nothing
+    /// awaits one, or the channel broke.
+    async fn await_confirm(&mut self) -> bool {
+        if self.broken.is_some() || self.unconfirmed.is_empty() {
+            return false;
+        }
+        match tokio::time::timeout_at(self.deadline, self.unconfirmed.next()).await {
+            Ok(Some((done, Ok(confirmation)))) => confirm(&mut self.confirms, done, confirmation),
+            Ok(Some((done, Err(error)))) => {
+                self.break_at(done, format!("no confirm: {}", one_line(&error)));
+            }
+            Ok(None) => return false,
+            Err(_) => self.broken = Some(no_confirm_within(self.send_timeout)),
+        }
+        true
+    }
+
+    /// Publishes message `index`, unless it is held back behind an
+    /// earlier failure of its aggregate or the channel broke.
+    async fn send(&mut self, index: usize, message: &Message) {
+        if self.confirms.held_back(index) {
+            self.confirms.hold_back(index);
+            return;
+        }
+        if let Some(reason) = &self.broken {
+            self.confirms
+                .fail(index, SendError::transient(reason.clone()));
+            return;
+        }
+        let (routing_key, properties) = match addressed(message, self.timestamp) {
+            Ok(addressed) => addressed,
+            Err(error) => {
+                self.confirms.fail(index, error);
+                return;
+            }
+        };
+        let body = message.payload.as_deref().unwrap_or_default().as_bytes();
+        let publishing = self.channel.basic_publish(
+            self.exchange.clone(),
+            routing_key,
+            self.publish,
+            body,
+            properties,
+        );
+        match tokio::time::timeout_at(self.deadline, publishing).await {
+            Ok(Ok(confirm)) => self.unconfirmed.push(join(ready(index), confirm)),
+            Ok(Err(error)) => self.break_at(index, format!("cannot publish: {}", one_line(&error))),
+            Err(_) => self.break_at(index, no_confirm_within(self.send_timeout)),
+        }
+    }
+
+    /// Every message's outcome, and why the channel broke if it did.
+    fn finish(self) -> (Vec<Result<(), SendError>>, Option<String>) {
+        drop(self.unconfirmed);
+        let outcomes = match &self.broken {
+            Some(reason) => self
+                .confirms
+                .finish(|| SendError::transient(reason.clone())),
+            None => self.confirms.finish(|| SendError::transient("no confirm")),
+        };
+        (outcomes, self.broken)
+    }
+}
+
+/// The routing key and properties of a message published at `timestamp`.
+fn addressed(
+    message: &Message,
+    timestamp: u64,
+) -> Result<(ShortString, BasicProperties), SendError> {
+    let properties = properties(message, timestamp)?;
+    let routing_key = ShortString::try_new(message.topic.clone()).map_err(|_| {
+        SendError::permanent(format!(
+            "the routing key {:?} is longer than AMQP's 255 bytes",
+            message.topic
+        ))
+    })?;
+    Ok((routing_key, properties))
+}
+
 /// Notes a confirm lapin resolved.
 fn confirm(confirms: &mut Confirms<'_>, index: usize, confirmation: Confirmation) {
     let acked = confirmation.is_ack();
@@ -605,22 +647,8 @@ fn no_confirm_within(timeout: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::test_message as message;
     use crate::sink::FailureKind;
-
-    fn message(id: &str, key: &str) -> Message {
-        Message {
-            topic: "outbox.event.Order".into(),
-            key: key.into(),
-            aggregate_type: "Order".into(),
-            headers: vec![
-                ("id", id.into()),
-                ("eventType", "OrderPlaced".into()),
-                ("eventVersion", "2".into()),
-                ("aggregateSequence", "7".into()),
-            ],
-            payload: Some(r#"{"order_id":42}"#.into()),
-        }
-    }
 
     #[test]
     fn properties_carry_the_contract() {

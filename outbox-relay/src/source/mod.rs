@@ -11,7 +11,9 @@
 //! commits (`settle.rs`), so a crash at any point leaves them pending and
 //! nothing is lost. A claimed row that cannot be read is dead-lettered
 //! with its reason instead of failing the claim (`decode.rs`,
-//! `dead_letters.rs`); `status.rs` reads what `status` shows.
+//! `dead_letters.rs`); `status.rs` reads what `status` shows. The
+//! statements every database runs alike (table check, shard read,
+//! retention, backlog, status, re-drive) are in `statements.rs`.
 
 mod dead_letters;
 mod decode;
@@ -24,6 +26,7 @@ mod settle;
 pub mod shards;
 mod sql;
 pub mod sqlite;
+mod statements;
 mod status;
 
 use std::time::{Duration, Instant};
@@ -40,6 +43,7 @@ pub(crate) use runs::RunRow;
 pub use runs::Settled;
 pub use settle::{IdLists, Marking};
 pub use sql::SqlSource;
+pub use statements::SharedStatements;
 pub use status::{StatusRows, Typed};
 
 /// How rows are claimed and settled.

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use sqlx::{AssertSqlSafe, Database, Encode, Pool, Transaction, Type};
 
-use super::dialect::{Connection, DbRow, Dialect};
-use super::fencing::{Fencing, owned_shards};
+use super::dialect::{Connection, Dialect};
+use super::fencing::Fencing;
 use super::runs::Settled;
-use super::{Claim, FailedRow, Settlement, SourceError};
+use super::{Claim, FailedRow, Settlement, SharedStatements, SourceError};
 use crate::record::OutboxRecord;
 
 /// A claim of a [`super::SqlSource`].
@@ -31,18 +31,7 @@ pub(crate) struct SqlClaim<D: Dialect> {
 }
 
 #[async_trait]
-impl<D: Dialect> Claim for SqlClaim<D>
-where
-    for<'c> &'c mut Connection<D>: sqlx::Executor<'c, Database = D::Db>,
-    <D::Db as sqlx::Database>::Arguments: sqlx::IntoArguments<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> i32: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> f64: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    usize: sqlx::ColumnIndex<DbRow<D>>,
-    for<'a> &'a str: sqlx::ColumnIndex<DbRow<D>>,
-{
+impl<D: SharedStatements> Claim for SqlClaim<D> {
     fn records(&self) -> &[OutboxRecord] {
         &self.records
     }
@@ -66,7 +55,8 @@ where
             None => this.pool.begin().await?,
         };
         if let Some(fencing) = &this.fencing {
-            fencing.check(&owned_shards(&mut *txn, fencing.at_mark, &fencing.instance).await?)?;
+            fencing
+                .check(&D::owned_shards(&mut *txn, fencing.at_mark, &fencing.instance).await?)?;
         }
         if !settlement.published.is_empty() {
             D::Marking::mark_published(&mut txn, &settlement.published, this.delete_on_publish)

@@ -9,19 +9,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::pool::PoolConnection;
-use sqlx::{AssertSqlSafe, Pool, Transaction};
+use sqlx::{Pool, Transaction};
 
-use super::dialect::{
-    ClaimRequest, ClaimedRows, Connection, DbRow, Dialect, RowsAffected, ShardScope,
-    ShardStatements,
-};
-use super::fencing::{Fencing, owned_shards};
+use super::dialect::{ClaimRequest, ClaimedRows, Connection, Dialect, ShardScope, ShardStatements};
+use super::fencing::Fencing;
 use super::settle::SqlClaim;
 use super::shards::{self, Membership, ShardConfig, ShardStore};
-use super::status::StatusRows;
 use super::{
-    AggregateKey, Backlog, Claim, DEAD_LETTERS_SHOWN, InFlight, Source as _, SourceError,
-    SourceOptions, Status, missing_table, owners_or_none, redrive_filter,
+    AggregateKey, Backlog, Claim, InFlight, SharedStatements, Source as _, SourceError,
+    SourceOptions, Status, missing_table,
 };
 use crate::database::DatabaseUrl;
 use crate::redact::redact_url;
@@ -47,18 +43,7 @@ struct Sharding {
     heartbeat: tokio::task::JoinHandle<()>,
 }
 
-impl<D: Dialect> SqlSource<D>
-where
-    for<'c> &'c mut Connection<D>: sqlx::Executor<'c, Database = D::Db>,
-    <D::Db as sqlx::Database>::Arguments: sqlx::IntoArguments<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> i32: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> f64: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    usize: sqlx::ColumnIndex<DbRow<D>>,
-    for<'a> &'a str: sqlx::ColumnIndex<DbRow<D>>,
-{
+impl<D: SharedStatements> SqlSource<D> {
     /// Connects, checks that the server answers and, with shards
     /// configured, joins their ownership (which needs the outbox table).
     pub async fn connect(url: &str, options: SourceOptions) -> Result<Self, SourceError> {
@@ -151,7 +136,7 @@ where
         let mut owned = Vec::new();
         let mut shards = None;
         if let Some(sharding) = sharding {
-            owned = owned_shards(
+            owned = D::owned_shards(
                 &mut *conn,
                 sharding.statements.at_claim,
                 &sharding.config.instance,
@@ -194,23 +179,9 @@ where
 }
 
 #[async_trait]
-impl<D: Dialect> super::Source for SqlSource<D>
-where
-    for<'c> &'c mut Connection<D>: sqlx::Executor<'c, Database = D::Db>,
-    <D::Db as sqlx::Database>::Arguments: sqlx::IntoArguments<D::Db>,
-    for<'q> &'q str: sqlx::Encode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> i64: sqlx::Encode<'q, D::Db> + sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> i32: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> f64: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    for<'q> String: sqlx::Decode<'q, D::Db> + sqlx::Type<D::Db>,
-    usize: sqlx::ColumnIndex<DbRow<D>>,
-    for<'a> &'a str: sqlx::ColumnIndex<DbRow<D>>,
-{
+impl<D: SharedStatements> super::Source for SqlSource<D> {
     async fn check_table(&self) -> Result<(), SourceError> {
-        sqlx::query("SELECT 1 FROM outbox LIMIT 1")
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(())
+        D::check_table(&self.pool).await
     }
 
     async fn claim(
@@ -238,58 +209,15 @@ where
     }
 
     async fn delete_published(&self, older_than: Duration, limit: u64) -> Result<u64, SourceError> {
-        let deleted = sqlx::query(D::DELETE_PUBLISHED)
-            .bind(D::age(older_than))
-            .bind(limit as i64)
-            .execute(&self.pool)
-            .await?;
-        Ok(deleted.rows_affected())
+        D::delete_published(&self.pool, older_than, limit).await
     }
 
     async fn backlog(&self) -> Result<Backlog, SourceError> {
-        let (pending, oldest_pending_age_seconds): (i64, Option<f64>) =
-            sqlx::query_as(D::BACKLOG).fetch_one(&self.pool).await?;
-        let dead_letters: i64 = sqlx::query_scalar(D::DEAD_LETTER_COUNT)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(Backlog {
-            pending,
-            oldest_pending_age_seconds,
-            dead_letters,
-        })
+        D::backlog(&self.pool).await
     }
 
     async fn status(&self) -> Result<Status, SourceError> {
-        let published: i64 =
-            sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE published_at IS NOT NULL")
-                .fetch_one(&self.pool)
-                .await?;
-        let pending_by_type = sqlx::query(D::PENDING_BY_TYPE)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(D::StatusRows::type_backlog)
-            .collect::<Result<_, _>>()?;
-        let shard_owners = match D::SHARDS {
-            Some(shards) => {
-                owners_or_none(sqlx::query_as(shards.owners).fetch_all(&self.pool).await)?
-            }
-            None => Vec::new(),
-        };
-        let dead_letter_rows = sqlx::query(D::DEAD_LETTERS)
-            .bind(DEAD_LETTERS_SHOWN)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(D::StatusRows::dead_letter)
-            .collect::<Result<_, _>>()?;
-        Ok(Status {
-            backlog: self.backlog().await?,
-            published,
-            pending_by_type,
-            dead_letter_rows,
-            shard_owners,
-        })
+        D::status(&self.pool).await
     }
 
     async fn redrive(
@@ -298,17 +226,7 @@ where
         aggregate_type: Option<&str>,
         limit: u64,
     ) -> Result<u64, SourceError> {
-        let filter = redrive_filter(D::ID_AS_TEXT, ids.len(), aggregate_type.is_some(), |n| {
-            D::PLACEHOLDERS.nth(n)
-        });
-        let mut query = sqlx::query(AssertSqlSafe(D::redrive_sql(&filter, limit)));
-        for id in ids {
-            query = query.bind(id.as_str());
-        }
-        if let Some(aggregate_type) = aggregate_type {
-            query = query.bind(aggregate_type);
-        }
-        Ok(query.execute(&self.pool).await?.rows_affected())
+        D::redrive(&self.pool, ids, aggregate_type, limit).await
     }
 
     async fn close(&self) {
