@@ -31,3 +31,18 @@ pub struct OutboxRecord {
     /// commit-to-acknowledgement latency.
     pub age_at_claim: f64,
 }
+
+impl OutboxRecord {
+    /// About how much memory the record holds: what the byte bounds of a
+    /// batch (polling mode) and of the rows read ahead (CDC mode) count.
+    pub fn memory_bytes(&self) -> usize {
+        let text = |value: &Option<String>| value.as_ref().map_or(0, String::len);
+        std::mem::size_of::<Self>()
+            + self.id.len()
+            + self.aggregate_type.len()
+            + self.aggregate_id.len()
+            + self.event_type.len()
+            + text(&self.payload)
+            + text(&self.traceparent)
+    }
+}

@@ -45,6 +45,10 @@ where
         &self.records
     }
 
+    fn truncate(&mut self, len: usize) {
+        self.records.truncate(len);
+    }
+
     fn lease_valid(&self) -> bool {
         self.fencing.as_ref().is_none_or(Fencing::lease_valid)
     }
