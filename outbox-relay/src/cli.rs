@@ -221,6 +221,13 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_BATCH_SIZE")]
     pub batch_size: Option<u64>,
 
+    /// Bytes of rows claimed and published at once, about (payloads and
+    /// the other columns), 1024 to 1073741824: a batch of large payloads
+    /// stops short of --batch-size at this bound, taking at least one row
+    /// [default: 4194304, 4 MiB]
+    #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES")]
+    pub max_batch_bytes: Option<u64>,
+
     /// Longest wait between checks for new rows, 10ms to 1h; PostgreSQL is
     /// also woken by LISTEN/NOTIFY at once [default: 1s on PostgreSQL, 100ms
     /// otherwise]

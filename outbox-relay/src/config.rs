@@ -36,6 +36,9 @@ pub const SHARDS: RangeInclusive<u64> = 1..=4096;
 /// Allowed `--batch-size` of `run`: a batch is one claim, one send and one
 /// mark, whose statements list every row.
 pub const BATCH_SIZE: RangeInclusive<u64> = 1..=10_000;
+/// Allowed `--max-batch-bytes` of `run`: a batch is held in memory while
+/// it is sent, so the bound is what bounds the relay's memory.
+pub const MAX_BATCH_BYTES: RangeInclusive<u64> = 1024..=(1 << 30);
 /// Allowed `--lease`: renewed every third of it (at least every second),
 /// so shorter leases expire on ordinary database latency.
 pub const LEASE: RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(3600);
@@ -128,6 +131,7 @@ pub struct FileConfig {
     nats_max_pending: Option<u64>,
     topic_template: Option<String>,
     batch_size: Option<u64>,
+    max_batch_bytes: Option<u64>,
     poll_interval: Option<String>,
     max_attempts: Option<i64>,
     create_topics: Option<bool>,
@@ -544,6 +548,16 @@ fn relay_options(
         &BATCH_SIZE,
         500,
     )?;
+    let max_batch_bytes = checked_count(
+        given(
+            "--max-batch-bytes",
+            "max_batch_bytes",
+            args.max_batch_bytes,
+            file.max_batch_bytes,
+        ),
+        &MAX_BATCH_BYTES,
+        crate::relay::DEFAULT_MAX_BATCH_BYTES,
+    )?;
     let max_attempts = checked_count(
         given(
             "--max-attempts",
@@ -572,6 +586,7 @@ fn relay_options(
     )?;
     Ok(RelayOptions {
         batch_size,
+        max_batch_bytes,
         poll_interval,
         max_attempts,
         drain: args.drain,

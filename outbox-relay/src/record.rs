@@ -50,3 +50,18 @@ pub(crate) fn test_record(id: &str, aggregate: &str, attempts: i32) -> OutboxRec
         age_at_claim: 0.0,
     }
 }
+
+impl OutboxRecord {
+    /// About how much memory the record holds: what the byte bounds of a
+    /// batch (polling mode) and of the rows read ahead (CDC mode) count.
+    pub fn memory_bytes(&self) -> usize {
+        let text = |value: &Option<String>| value.as_ref().map_or(0, String::len);
+        std::mem::size_of::<Self>()
+            + self.id.len()
+            + self.aggregate_type.len()
+            + self.aggregate_id.len()
+            + self.event_type.len()
+            + text(&self.payload)
+            + text(&self.traceparent)
+    }
+}

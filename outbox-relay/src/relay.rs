@@ -10,12 +10,18 @@
 //! refused settle, a shutdown) are in `relay/cycle.rs`, without I/O;
 //! [`Relay::run`] performs what they say.
 //!
+//! A batch is bounded in bytes as well as in rows (`relay/byte_bound.rs`):
+//! a backlog of large payloads is claimed a few rows at a time, and the
+//! rows past the bound are cut off the end of a claim, left pending for
+//! the next one.
+//!
 //! A failing aggregate cools down (exponential backoff of its own, up to
 //! `max_backoff`) and is left out of the claims meanwhile, so one poison
 //! message slows only its own aggregate; the whole relay pauses only when a
 //! batch published nothing at all (an outage).
 
 mod backoff;
+mod byte_bound;
 mod cycle;
 mod retention;
 
@@ -33,6 +39,8 @@ use crate::source::{AggregateKey, Claim, FailedRow, InFlight, Settlement, Source
 
 use backoff::Cooldown;
 pub(crate) use backoff::{Backoff, INITIAL_BACKOFF};
+use byte_bound::ByteBound;
+pub use byte_bound::{DEFAULT_MAX_BATCH_BYTES, Shortened};
 use cycle::{Answer, Batch, Cycle, Sent, Step, Wait};
 pub(crate) use retention::run_retention;
 pub use retention::{Retention, delete_published};
@@ -42,6 +50,10 @@ pub use retention::{Retention, delete_published};
 pub struct RelayOptions {
     /// Rows claimed and sent at once.
     pub batch_size: usize,
+    /// Bytes of rows claimed and sent at once, about (payloads and the
+    /// other columns): a batch stops short of `batch_size` rows at this
+    /// bound, always taking at least one row.
+    pub max_batch_bytes: usize,
     /// Longest wait for new rows between claims.
     pub poll_interval: Duration,
     /// Attempts before a message the broker refuses for good is dead-lettered.
@@ -60,6 +72,7 @@ impl Default for RelayOptions {
     fn default() -> Self {
         Self {
             batch_size: 500,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             poll_interval: Duration::from_millis(500),
             max_attempts: 10,
             max_backoff: Duration::from_secs(30),
@@ -102,6 +115,9 @@ pub struct BatchReport {
     pub dead_lettered: usize,
     /// Set when the sink can take no more messages.
     pub sink_closed: Option<String>,
+    /// How the byte bound shortened the claim, if it did: more rows may
+    /// be pending.
+    pub shortened: Option<Shortened>,
 }
 
 /// Publishes committed outbox rows from a source to a sink.
@@ -112,6 +128,7 @@ pub struct Relay {
     options: RelayOptions,
     stats: Arc<RelayStats>,
     cooldown: Mutex<Cooldown>,
+    bytes: ByteBound,
 }
 
 impl Relay {
@@ -127,6 +144,7 @@ impl Relay {
             sink,
             topics,
             cooldown: Mutex::new(Cooldown::new(INITIAL_BACKOFF, options.max_backoff)),
+            bytes: ByteBound::new(options.max_batch_bytes),
             options,
             stats: Arc::default(),
         }
@@ -285,11 +303,30 @@ impl Relay {
     async fn claim(&self) -> Result<Claimed, SourceError> {
         let excluded = self.cooling();
         let claimed_at = Instant::now();
-        let claim = self
-            .source
-            .claim(self.options.batch_size, &excluded)
-            .await?;
-        Ok(Claimed { claim, claimed_at })
+        let limit = self.bytes.limit(self.options.batch_size);
+        let claim = self.source.claim(limit, &excluded).await?;
+        Ok(self.bounded(claim, limit, claimed_at))
+    }
+
+    /// A claim made with `limit` rows, cut to the byte bound.
+    fn bounded(&self, mut claim: Box<dyn Claim>, limit: usize, claimed_at: Instant) -> Claimed {
+        let (kept, shortened) = self
+            .bytes
+            .cut(claim.records(), limit, self.options.batch_size);
+        if shortened == Some(Shortened::Cut) {
+            tracing::debug!(
+                claimed = claim.records().len(),
+                kept,
+                max_batch_bytes = self.options.max_batch_bytes,
+                "cut the batch at the byte bound; the rest stays pending"
+            );
+            claim.truncate(kept);
+        }
+        Claimed {
+            claim,
+            claimed_at,
+            shortened,
+        }
     }
 
     /// Claims the next batch while the rows `in_flight` are at the sink;
@@ -297,13 +334,11 @@ impl Relay {
     async fn claim_ahead(&self, in_flight: &InFlight) -> Result<Option<Claimed>, SourceError> {
         let excluded = self.cooling();
         let claimed_at = Instant::now();
-        let claim = self
-            .source
-            .claim_ahead(self.options.batch_size, &excluded, in_flight)
-            .await?;
+        let limit = self.bytes.limit(self.options.batch_size);
+        let claim = self.source.claim_ahead(limit, &excluded, in_flight).await?;
         Ok(claim
             .filter(|claim| !claim.records().is_empty())
-            .map(|claim| Claimed { claim, claimed_at }))
+            .map(|claim| self.bounded(claim, limit, claimed_at)))
     }
 
     /// The aggregates cooling down now.
@@ -316,7 +351,11 @@ impl Relay {
 
     /// Publishes a claimed batch and decides each row's fate.
     async fn send(&self, batch: Claimed) -> Sent<Answered> {
-        let Claimed { claim, claimed_at } = batch;
+        let Claimed {
+            claim,
+            claimed_at,
+            shortened,
+        } = batch;
         let records = claim.records();
         if !claim.lease_valid() {
             tracing::warn!(
@@ -345,6 +384,7 @@ impl Relay {
                 Err(error) if error.kind == FailureKind::Closed => Some(error.reason.clone()),
                 _ => None,
             }),
+            shortened,
         };
         if let Some(first) = settlement.failed.first() {
             tracing::warn!(
@@ -399,6 +439,7 @@ impl Relay {
 struct Claimed {
     claim: Box<dyn Claim>,
     claimed_at: Instant,
+    shortened: Option<Shortened>,
 }
 
 /// A batch the sink answered, waiting for its settle.
@@ -412,6 +453,10 @@ struct Answered {
 impl Batch for Claimed {
     fn rows(&self) -> usize {
         self.claim.records().len()
+    }
+
+    fn shortened(&self) -> Option<Shortened> {
+        self.shortened
     }
 }
 

@@ -401,6 +401,69 @@ async fn a_large_transaction_killed_midway_is_published_whole_again() {
     cdc.drop().await;
 }
 
+/// One transaction of 200,000 events of about 200 bytes, read over TLS
+/// (`sslmode=require`): every event is published once, each aggregate's
+/// in insertion order, and the relay's peak memory stays bounded because
+/// the transaction is sent in pieces as it is read (before, the relay held
+/// it whole: 352 MB in a release build).
+///
+/// The issue's bound is 32 MiB for a release build (25 MB measured, see
+/// BENCHMARKS.md). The debug binary the tests spawn holds more (about
+/// 38 MB measured at this size), so it gets 56 MiB of room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200000_event_transaction_over_tls_is_published_once_in_bounded_memory() {
+    const ROWS: usize = 200_000;
+    const PEAK_RSS_KIB: u64 = 56 << 10;
+    let cdc = CdcDb::new().await;
+    let url = format!("{}&sslmode=require", cdc.t.url);
+    let mut relay = cdc.relay_at(&url, "127.0.0.1:1", &["--sink", "stdout"]);
+    cdc.wait_reading(None, &relay).await;
+    cdc.t
+        .db
+        .execute_unprepared(&format!(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             SELECT gen_random_uuid(), 'Invoice', 'inv-' || (g % 100), 'InvoiceIssued', \
+             json_build_object('n', g, 'note', repeat('x', 170))::jsonb \
+             FROM generate_series(1, {ROWS}) AS g"
+        ))
+        .await
+        .expect("one large transaction");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while cdc.t.count("outbox WHERE published_at IS NULL").await > 0 {
+        assert!(
+            Instant::now() < deadline && relay.is_running(),
+            "rows still pending; stderr:\n{}",
+            relay.stderr().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let peak = relay.peak_rss_kib();
+    relay.signal("TERM");
+    assert_eq!(relay.wait(Duration::from_secs(30)), Some(0));
+
+    let lines = relay.stdout();
+    let mut ids = std::collections::HashSet::with_capacity(ROWS);
+    let mut last: std::collections::HashMap<String, i64> = Default::default();
+    for line in &lines {
+        let message: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        let id = message["headers"]["id"].as_str().expect("an id").to_owned();
+        let key = message["key"].as_str().expect("key").to_owned();
+        let n = message["payload"]["n"].as_i64().expect("n");
+        assert!(ids.insert(id), "event {n} published twice");
+        let previous = last.insert(key.clone(), n).unwrap_or(0);
+        assert!(n > previous, "{key}: {n} after {previous}");
+    }
+    assert_eq!(ids.len(), ROWS, "events missing");
+    assert_eq!(last.len(), 100);
+    eprintln!("peak RSS {peak} KiB for one transaction of {ROWS} events");
+    assert!(
+        peak <= PEAK_RSS_KIB,
+        "the relay peaked at {peak} KiB reading one transaction of {ROWS} events \
+         (bound {PEAK_RSS_KIB} KiB)"
+    );
+    cdc.drop().await;
+}
+
 /// A second relay on the same slot stands by and takes over when the
 /// reading one dies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -836,6 +899,16 @@ async fn a_lost_replication_connection_is_reopened() {
             .stderr()
             .iter()
             .any(|line| line.contains("replication stream failed; reconnecting")),
+        "{}",
+        relay.stderr().join("\n")
+    );
+    // The server ending this relay's own session is no takeover, even when
+    // a batch was about to be sent at that moment.
+    assert!(
+        !relay
+            .stderr()
+            .iter()
+            .any(|line| line.contains("took the replication slot over")),
         "{}",
         relay.stderr().join("\n")
     );

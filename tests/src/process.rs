@@ -54,6 +54,19 @@ impl RelayProcess {
         self.child.id()
     }
 
+    /// The process's peak resident memory so far (`VmHWM` of
+    /// `/proc/<pid>/status`), in KiB; panics once it exited.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let path = format!("/proc/{}/status", self.child.id());
+        let status = std::fs::read_to_string(&path)
+            .unwrap_or_else(|error| panic!("cannot read {path}: {error}"));
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no VmHWM in {path}"))
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().expect("try_wait").is_none()

@@ -101,6 +101,10 @@ pub enum CdcError {
     /// Delivered rows could not be marked published.
     #[error("cannot mark published rows: {0}")]
     Mark(SourceError),
+    /// No server process holds the slot any more: this session's ended
+    /// (terminated, or its connection lost) and no other took its place.
+    #[error("the replication session's server process ended; no process holds the slot")]
+    SessionProcessEnded,
     /// Whether this session still holds the slot could not be found out in time.
     #[error("the database took more than {0:?} to say who holds the replication slot")]
     OwnershipUnconfirmed(Duration),

@@ -153,13 +153,23 @@ impl Ownership {
     /// [`OWNERSHIP_FRESH`] ago: a standby ends a reader only after
     /// [`READER_SILENCE`] without news from it, so a relay that got this
     /// answer and sends at once was not replaced before it sent.
+    ///
+    /// A slot no process holds is no takeover: this session's server
+    /// process ended (the server or an administrator terminated it, or the
+    /// connection broke) and nothing is sent; the session ends as broken
+    /// and reconnects.
     async fn confirm(&self) -> Result<(), Undelivered> {
         for _ in 0..5 {
             let asked = Instant::now();
-            match slot::slot_holder(self.source.pool(), &self.slot).await {
-                Ok(Some(pid)) if pid == self.pid => {}
-                Ok(_) => return Err(Undelivered::SlotLost),
-                Err(error) => return Err(Undelivered::Unconfirmed(error)),
+            let holder = slot::slot_holder(self.source.pool(), &self.slot)
+                .await
+                .map_err(Undelivered::Unconfirmed)?;
+            match Holder::of(holder, self.pid) {
+                Holder::This => {}
+                Holder::Another => return Err(Undelivered::SlotLost),
+                Holder::Nobody => {
+                    return Err(Undelivered::Unconfirmed(CdcError::SessionProcessEnded));
+                }
             }
             if asked.elapsed() < OWNERSHIP_FRESH {
                 return Ok(());
@@ -174,8 +184,30 @@ impl Ownership {
     async fn lost(&self) -> bool {
         matches!(
             slot::slot_holder(self.source.pool(), &self.slot).await,
-            Ok(Some(pid)) if pid != self.pid
+            Ok(holder) if Holder::of(holder, self.pid) == Holder::Another
         )
+    }
+}
+
+/// Who holds the slot, as a session sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    /// The session's own server process.
+    This,
+    /// Another server process: another relay took the slot over.
+    Another,
+    /// No process: the session's own ended, and no other took its place.
+    Nobody,
+}
+
+impl Holder {
+    /// The holder `active_pid` names, for the session of server process `own`.
+    fn of(active_pid: Option<i32>, own: i32) -> Self {
+        match active_pid {
+            Some(pid) if pid == own => Self::This,
+            Some(_) => Self::Another,
+            None => Self::Nobody,
+        }
     }
 }
 
@@ -645,5 +677,19 @@ async fn sample_slot(
             () = shutdown.requested() => return,
             () = tokio::time::sleep(interval) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Holder;
+
+    #[test]
+    fn only_another_process_on_the_slot_is_a_takeover() {
+        assert_eq!(Holder::of(Some(41), 41), Holder::This);
+        assert_eq!(Holder::of(Some(42), 41), Holder::Another);
+        // The server ended this session's process: a broken session, which
+        // reconnects, not a takeover, which stands by.
+        assert_eq!(Holder::of(None, 41), Holder::Nobody);
     }
 }

@@ -69,21 +69,9 @@ pub(crate) struct Committed {
 impl Committed {
     /// Adds `record` to the transaction.
     fn push(&mut self, record: OutboxRecord) {
-        self.bytes += record_bytes(&record);
+        self.bytes += record.memory_bytes();
         self.records.push(record);
     }
-}
-
-/// About how much memory `record` holds.
-pub(crate) fn record_bytes(record: &OutboxRecord) -> usize {
-    let text = |value: &Option<String>| value.as_ref().map_or(0, String::len);
-    std::mem::size_of::<OutboxRecord>()
-        + record.id.len()
-        + record.aggregate_type.len()
-        + record.aggregate_id.len()
-        + record.event_type.len()
-        + text(&record.payload)
-        + text(&record.traceparent)
 }
 
 /// A batch whose every message the sink acknowledged.
@@ -382,7 +370,7 @@ mod tests {
             age_at_claim: 0.0,
         };
         Committed {
-            bytes: records * record_bytes(&record),
+            bytes: records * record.memory_bytes(),
             records: vec![record; records],
             commit_time_micros: 0,
             end_lsn: Lsn::from_u64(end),

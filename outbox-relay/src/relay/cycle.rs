@@ -10,13 +10,18 @@
 
 use std::time::Duration;
 
-use super::{Backoff, BatchReport, INITIAL_BACKOFF, RelayError, RelayOptions};
+use super::{Backoff, BatchReport, INITIAL_BACKOFF, RelayError, RelayOptions, Shortened};
 use crate::source::SourceError;
 
 /// A claimed batch, as the decisions see it.
 pub(crate) trait Batch {
     /// Rows claimed.
     fn rows(&self) -> usize;
+
+    /// How the byte bound shortened the claim, if it did.
+    fn shortened(&self) -> Option<Shortened> {
+        None
+    }
 }
 
 /// A batch the sink answered, as the decisions see it.
@@ -132,7 +137,7 @@ impl Cycle {
             Err(error) => self.database_failed(&error),
             Ok(batch) if batch.rows() == 0 => Step::ReleaseEmpty(batch),
             Ok(batch) => Step::Send {
-                claim_ahead: self.is_full(&batch),
+                claim_ahead: self.claims_ahead(&batch),
                 batch,
                 answered: None,
             },
@@ -198,7 +203,7 @@ impl Cycle {
         let ahead = ahead.filter(|_| report.published == report.claimed && !shutdown);
         match ahead {
             Some(batch) => Step::Send {
-                claim_ahead: self.is_full(&batch),
+                claim_ahead: self.claims_ahead(&batch),
                 batch,
                 answered: Some(answered),
             },
@@ -216,16 +221,24 @@ impl Cycle {
             return Wait::Backoff(self.backoff.next());
         }
         self.backoff.reset();
-        if report.claimed == self.batch_size || self.drain {
+        if self.more_pending(report.claimed, report.shortened) || self.drain {
             Wait::Skip
         } else {
             Wait::ForRows
         }
     }
 
-    /// A full batch suggests more rows.
-    fn is_full(&self, batch: &impl Batch) -> bool {
-        batch.rows() == self.batch_size
+    /// A full batch (in rows or bytes) suggests more rows.
+    fn more_pending(&self, rows: usize, shortened: Option<Shortened>) -> bool {
+        rows == self.batch_size || shortened.is_some()
+    }
+
+    /// Whether to claim the next batch while `batch` is at the sink: when
+    /// it is full, unless rows were cut off its end, which its claim holds
+    /// until it is settled (see `relay/byte_bound.rs`).
+    fn claims_ahead(&self, batch: &impl Batch) -> bool {
+        self.more_pending(batch.rows(), batch.shortened())
+            && batch.shortened() != Some(Shortened::Cut)
     }
 
     /// Nothing to claim: wait for rows.
@@ -266,6 +279,17 @@ mod tests {
     impl Answer for BatchReport {
         fn report(&self) -> &BatchReport {
             self
+        }
+    }
+
+    /// A claimed batch of this many rows, shortened by the byte bound.
+    impl Batch for (usize, Shortened) {
+        fn rows(&self) -> usize {
+            self.0
+        }
+
+        fn shortened(&self) -> Option<Shortened> {
+            Some(self.1)
         }
     }
 
@@ -350,6 +374,49 @@ mod tests {
             Step::Send {
                 batch: 10,
                 claim_ahead: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_batch_the_byte_bound_shortened_is_followed_by_a_claim_at_once() {
+        let mut cycle = cycle(false);
+        let step: Step<(usize, Shortened), BatchReport> =
+            cycle.claimed(Ok((3, Shortened::Limited)));
+        assert!(matches!(
+            step,
+            Step::Send {
+                claim_ahead: true,
+                ..
+            }
+        ));
+        // Rows cut off the end stay held by the claim until its settle: no
+        // claim ahead of it.
+        let step: Step<(usize, Shortened), BatchReport> = cycle.claimed(Ok((3, Shortened::Cut)));
+        assert!(matches!(
+            step,
+            Step::Send {
+                claim_ahead: false,
+                ..
+            }
+        ));
+        let cut = BatchReport {
+            shortened: Some(Shortened::Cut),
+            ..report(3, 3, 0)
+        };
+        assert!(matches!(
+            send(&mut cycle, cut),
+            Step::Wait {
+                answered: Some(_),
+                wait: Wait::Skip
+            }
+        ));
+        // Three rows with nothing shortened: the backlog is drained.
+        assert!(matches!(
+            send(&mut cycle, report(3, 3, 0)),
+            Step::Wait {
+                wait: Wait::ForRows,
                 ..
             }
         ));

@@ -20,6 +20,12 @@
 //! (the expiry is a fatal error, and the producer is replaced). Only
 //! requests librdkafka had already built for the socket may still go out.
 //!
+//! librdkafka's own queue is bounded to [`QUEUE_MAX_KBYTES`] (its default
+//! is about 1 GB): the relay hands it one batch at a time, itself bounded
+//! in bytes, and a message that does not fit waits until acknowledged ones
+//! leave the queue. `-X queue.buffering.max.kbytes=...` and
+//! `-X queue.buffering.max.messages=...` override the bounds.
+//!
 //! A batch is enqueued at once and its delivery reports awaited together.
 //! Topics are looked up (and, unless turned off, created through the admin
 //! API) the first time a batch needs them, and again after a failed delivery.
@@ -40,6 +46,16 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _, PurgeConfig
 
 use super::{SendError, Sink};
 use crate::message::Message;
+
+/// librdkafka's `queue.buffering.max.kbytes` unless set otherwise: 32 MiB,
+/// room for a batch at the relay's byte bound (4 MiB by default) or of
+/// CDC mode's pieces many times over, and for a message of librdkafka's
+/// largest size.
+pub const QUEUE_MAX_KBYTES: u32 = 32 << 10;
+
+/// librdkafka's `queue.buffering.max.messages` unless set otherwise: a
+/// few batches of the largest batch size (10,000 rows).
+pub const QUEUE_MAX_MESSAGES: u32 = 50_000;
 
 /// Settings of the Kafka sink.
 #[derive(Debug, Clone)]
@@ -141,6 +157,11 @@ impl KafkaSink {
                 options.send_timeout.as_millis().max(1).to_string(),
             )
             .set("enable.gapless.guarantee", "true")
+            .set("queue.buffering.max.kbytes", QUEUE_MAX_KBYTES.to_string())
+            .set(
+                "queue.buffering.max.messages",
+                QUEUE_MAX_MESSAGES.to_string(),
+            )
             .set("client.id", "outbox-relay");
         for (key, value) in &options.client_options {
             config.set(key, value);

@@ -247,6 +247,11 @@ pub trait Claim: Send {
         true
     }
 
+    /// Keeps the first `len` rows in the batch and leaves the others out:
+    /// they are neither sent nor marked, and stay pending (a claim that
+    /// holds them releases them when it is settled).
+    fn truncate(&mut self, len: usize);
+
     /// Marks (or deletes) the published rows, records the failures, and
     /// releases the claim.
     async fn settle(self: Box<Self>, settlement: &Settlement) -> Result<(), SourceError>;

@@ -43,6 +43,10 @@ impl<D: SharedStatements> Claim for SqlClaim<D> {
         }
     }
 
+    fn truncate(&mut self, len: usize) {
+        self.records.truncate(len);
+    }
+
     fn lease_valid(&self) -> bool {
         self.fencing.as_ref().is_none_or(Fencing::lease_valid)
     }
