@@ -16,8 +16,8 @@ use outbox_tests::events::InvoiceIssuedV2;
 use outbox_tests::http::{get, sample};
 use outbox_tests::kafka::free_port;
 use outbox_tests::nats::{PrivateServer, Scope, Stored, Witness, nats_url};
-use outbox_tests::process::{RelayProcess, run_to_end};
-use outbox_tests::stream::{check_stream, seed};
+use outbox_tests::process::{RelayProcess, assert_refused, run_to_end};
+use outbox_tests::stream::{first_arrivals, seed, written_order};
 use outbox_tests::{Backend, TestDb};
 use sea_orm::{ConnectionTrait, Statement, TransactionTrait};
 
@@ -44,27 +44,6 @@ fn drain(t: &TestDb, scope: &Scope, extra: &[&str]) {
     assert_eq!(code, 0, "relay failed:\n{stderr}");
 }
 
-/// Inserts `per_aggregate` rows for each of `aggregates` aggregates by
-/// plain SQL (only Debezium's five columns), interleaved.
-async fn insert_plain_rows(t: &TestDb, aggregates: usize, per_aggregate: usize) {
-    for round in 0..per_aggregate {
-        let values: Vec<String> = (0..aggregates)
-            .map(|aggregate| {
-                format!(
-                    "('{}', 'Customer', 'cust-{aggregate}', 'CustomerUpdated', '{{\"round\": {round}}}')",
-                    uuid::Uuid::now_v7()
-                )
-            })
-            .collect();
-        t.db.execute_unprepared(&format!(
-            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES {}",
-            values.join(", ")
-        ))
-        .await
-        .unwrap();
-    }
-}
-
 /// Inserts one plain-SQL row for aggregate `aggregate_id` (bound, so any
 /// text goes); returns its event id.
 async fn insert_row_for(t: &TestDb, aggregate_id: &str) -> String {
@@ -89,37 +68,6 @@ async fn insert_row_for(t: &TestDb, aggregate_id: &str) -> String {
     id
 }
 
-/// The payload text exactly as the database stores it.
-async fn stored_payload(t: &TestDb, id: &str) -> String {
-    let sql = match t.backend {
-        Backend::Postgres => format!("SELECT payload::text FROM outbox WHERE id = '{id}'"),
-        _ => format!("SELECT payload FROM outbox WHERE id = '{id}'"),
-    };
-    let row =
-        t.db.query_one_raw(Statement::from_string(t.db_backend(), sql))
-            .await
-            .unwrap()
-            .expect("row");
-    row.try_get_by_index(0).unwrap()
-}
-
-/// Per aggregate id (the `aggregateId` header), the event ids in stream order.
-fn per_aggregate(stored: &[Stored]) -> BTreeMap<String, Vec<String>> {
-    let mut order: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for message in stored {
-        order
-            .entry(
-                message
-                    .header("aggregateId")
-                    .expect("aggregateId")
-                    .to_owned(),
-            )
-            .or_default()
-            .push(message.header("id").expect("id").to_owned());
-    }
-    order
-}
-
 /// Every message's `Nats-Msg-Id` is its event id, and no id is there twice.
 fn assert_once_with_msg_ids(stored: &[Stored]) {
     let mut seen = HashSet::new();
@@ -142,7 +90,7 @@ async fn plain_rows_reach_the_stream_once_in_table_order(backend: Backend) {
     let witness = Witness::connect().await;
     let scope = Scope::new("plain");
     let t = TestDb::new(backend).await;
-    insert_plain_rows(&t, 10, 100).await;
+    let written = t.insert_plain_rows(10, 100).await;
 
     drain(
         &t,
@@ -158,14 +106,8 @@ async fn plain_rows_reach_the_stream_once_in_table_order(backend: Backend) {
     // Compared with the table by id: the same events, in each aggregate's
     // insertion order, on the aggregate's subject, with the stored payload.
     let rows = t.outbox_rows().await;
-    let mut expected: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for row in &rows {
-        expected
-            .entry(row.aggregate_id.clone())
-            .or_default()
-            .push(row.id.clone());
-    }
-    assert_eq!(per_aggregate(&stored), expected);
+    let messages: Vec<_> = stored.iter().map(Stored::consumed).collect();
+    assert_eq!(first_arrivals(&messages), written_order(&written));
     let by_id: BTreeMap<&str, _> = rows.iter().map(|row| (row.id.as_str(), row)).collect();
     for message in &stored {
         let row = by_id[message.header("id").unwrap()];
@@ -180,7 +122,7 @@ async fn plain_rows_reach_the_stream_once_in_table_order(backend: Backend) {
         let payload: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
         assert_eq!(Some(payload), row.payload);
     }
-    assert_eq!(t.count("outbox WHERE published_at IS NULL").await, 0);
+    assert_eq!(t.pending().await, 0);
     witness.delete_stream(&scope.stream).await;
     t.drop().await;
 }
@@ -234,7 +176,7 @@ async fn the_relay_creates_its_stream_and_messages_carry_the_contract() {
     );
     assert_eq!(
         message.payload,
-        stored_payload(&t, &event_id).await.into_bytes(),
+        t.stored_payload(&event_id).await.into_bytes(),
         "the body is the payload's bytes as stored"
     );
     assert_eq!(message.header("Nats-Msg-Id"), Some(event_id.as_str()));
@@ -246,18 +188,12 @@ async fn the_relay_creates_its_stream_and_messages_carry_the_contract() {
     assert_eq!(message.header("aggregateType"), Some("Invoice"));
     assert_eq!(message.header("aggregateId"), Some("inv-1"));
 
-    // The consumer helpers take a NATS message as it is: headers and body,
-    // the aggregate type as topic and the aggregateId header as key.
-    let incoming = IncomingMessage {
-        topic: message.header("aggregateType").unwrap(),
-        key: message.header("aggregateId").map(str::as_bytes),
-        payload: Some(&message.payload),
-        headers: message
-            .headers
-            .iter()
-            .map(|(name, value)| (name.as_str(), value.as_bytes()))
-            .collect(),
-    };
+    // The consumer helpers take a NATS message as it is: its headers and
+    // body, with the subject's topic part; the aggregate id comes from the
+    // aggregateId header.
+    let topic = format!("{}.event.Invoice", scope.prefix);
+    let incoming =
+        IncomingMessage::new(&topic, Some(message.payload.as_slice())).headers(&message.headers);
     let decoded = EventDecoder::<InvoiceIssuedV2>::new()
         .event::<InvoiceIssuedV2>()
         .decode(&incoming)
@@ -302,7 +238,7 @@ async fn aggregate_ids_that_are_no_subject_token_are_encoded_and_kept_in_the_hea
         assert_eq!(decode_token(tokens[3]).unwrap(), aggregate_id);
         assert_eq!(message.header("aggregateId"), Some(aggregate_id));
     }
-    assert_eq!(t.count("outbox WHERE published_at IS NULL").await, 0);
+    assert_eq!(t.pending().await, 0);
     witness.delete_stream(&scope.stream).await;
     t.drop().await;
 }
@@ -335,11 +271,11 @@ async fn sigkill_during_a_drain_leaves_every_event_in_the_stream_exactly_once() 
 
     let mut published_at_kill = Vec::new();
     for _ in 0..5 {
-        let before = t.count("outbox WHERE published_at IS NOT NULL").await;
+        let before = t.published().await;
         let mut running = RelayProcess::spawn(relay(), &run_args, &[("DATABASE_URL", &t.url)]);
         // Once this run made progress, kill it at a random point of what follows.
         let deadline = Instant::now() + Duration::from_secs(60);
-        while t.count("outbox WHERE published_at IS NOT NULL").await == before {
+        while t.published().await == before {
             assert!(
                 Instant::now() < deadline,
                 "no progress:\n{}",
@@ -349,7 +285,7 @@ async fn sigkill_during_a_drain_leaves_every_event_in_the_stream_exactly_once() 
         }
         tokio::time::sleep(Duration::from_millis(random_below(1000))).await;
         running.kill9();
-        published_at_kill.push(t.count("outbox WHERE published_at IS NOT NULL").await);
+        published_at_kill.push(t.published().await);
     }
     assert!(
         published_at_kill.iter().any(|&n| n > 0 && n < total),
@@ -367,11 +303,9 @@ async fn sigkill_during_a_drain_leaves_every_event_in_the_stream_exactly_once() 
         "{}",
         last.stderr().join("\n")
     );
-    assert_eq!(t.count("outbox WHERE published_at IS NULL").await, 0);
+    assert_eq!(t.pending().await, 0);
 
-    let stored = witness
-        .read(&scope.stream, ids.len() as u64, Duration::from_secs(30))
-        .await;
+    let (stored, report) = witness.check_stream(&scope.stream, &ids).await;
     let resent = last
         .stderr()
         .iter()
@@ -388,8 +322,6 @@ async fn sigkill_during_a_drain_leaves_every_event_in_the_stream_exactly_once() 
         "every event exactly once: the stream dropped the re-sends"
     );
     assert_once_with_msg_ids(&stored);
-    let messages: Vec<_> = stored.iter().map(Stored::consumed).collect();
-    let report = check_stream(&messages, &ids);
     assert_eq!((report.distinct, report.duplicates), (ids.len(), 0));
     witness.delete_stream(&scope.stream).await;
     t.drop().await;
@@ -436,7 +368,7 @@ async fn a_server_outage_keeps_rows_pending_and_readyz_down_until_it_is_back() {
     readiness(200).await;
     let mut ids = seed(&t.db, 4, 5, 5).await;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while t.count("outbox WHERE published_at IS NULL").await > 0 {
+    while t.pending().await > 0 {
         assert!(Instant::now() < deadline, "{}", relay.stderr().join("\n"));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -452,7 +384,7 @@ async fn a_server_outage_keeps_rows_pending_and_readyz_down_until_it_is_back() {
     ids.extend(seed(&t.db, 4, 5, 5).await);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
-        t.count("outbox WHERE published_at IS NULL").await,
+        t.pending().await,
         20,
         "nothing is marked while the server is down"
     );
@@ -463,25 +395,16 @@ async fn a_server_outage_keeps_rows_pending_and_readyz_down_until_it_is_back() {
 
     server.restart();
     readiness(200).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while t.count("outbox WHERE published_at IS NULL").await > 0 {
-        assert!(Instant::now() < deadline, "{}", relay.stderr().join("\n"));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    relay.signal("TERM");
-    assert_eq!(relay.wait(Duration::from_secs(30)), Some(0));
+    t.wait_until_published(Duration::from_secs(60)).await;
+    relay.terminate();
 
     let witness = Witness::connect_to(&witness_url).await;
-    let stored = witness
-        .read(&scope.stream, 40, Duration::from_secs(10))
-        .await;
+    let (stored, _) = witness.check_stream(&scope.stream, &ids).await;
     assert_eq!(
         stored.len(),
         40,
         "every event once, none lost in the outage"
     );
-    let messages: Vec<_> = stored.iter().map(Stored::consumed).collect();
-    check_stream(&messages, &ids);
     t.drop().await;
 }
 
@@ -506,7 +429,7 @@ async fn bad_settings_and_unusable_streams_stop_the_relay_with_one_line_and_mark
         )
         .await;
     let t = TestDb::new(Backend::Sqlite).await;
-    insert_plain_rows(&t, 1, 3).await;
+    t.insert_plain_rows(1, 3).await;
     let env = [("DATABASE_URL", t.url.as_str())];
     let url = nats_url();
     let fresh = Scope::new("unused");
@@ -591,21 +514,13 @@ async fn bad_settings_and_unusable_streams_stop_the_relay_with_one_line_and_mark
     for (arguments, expected_code, expected_start) in &cases {
         let mut all: Vec<&str> = arguments.iter().map(String::as_str).collect();
         all.push("--drain");
-        let (code, stdout, stderr) = run_to_end(relay(), &all, &env);
-        let lines: Vec<&str> = stderr
-            .lines()
-            .filter(|line| !line.contains(" INFO ") && !line.contains(" WARN "))
-            .collect();
-        assert_eq!(code, *expected_code, "{arguments:?}: {stderr}");
-        assert_eq!(lines.len(), 1, "{arguments:?}: one line: {stderr}");
-        assert!(
-            lines[0].starts_with(expected_start.as_str()),
-            "{arguments:?}: {}",
-            lines[0]
-        );
-        assert!(
-            !stderr.contains("s3cret") && !stdout.contains("s3cret"),
-            "{arguments:?}: the password is never shown: {stderr}"
+        assert_refused(
+            relay(),
+            &all,
+            &env,
+            *expected_code,
+            expected_start,
+            "s3cret",
         );
     }
     assert!(
@@ -614,7 +529,7 @@ async fn bad_settings_and_unusable_streams_stop_the_relay_with_one_line_and_mark
     );
     assert_eq!(witness.count(&uncaptured.stream).await, 0);
     assert_eq!(witness.count(&short_window.stream).await, 0);
-    assert_eq!(t.count("outbox WHERE published_at IS NOT NULL").await, 0);
+    assert_eq!(t.published().await, 0);
     assert_eq!(t.count("outbox WHERE attempts > 0").await, 0);
 
     // With a shorter send timeout, the window covers the longest re-send

@@ -11,7 +11,7 @@ use outbox_tests::kafka::{self, Consumed};
 use outbox_tests::process::{RelayProcess, run_to_end};
 use outbox_tests::stream::{append_events, check_stream, seed};
 use outbox_tests::{Backend, TestDb};
-use sea_orm::{ConnectionTrait, Statement, TransactionTrait};
+use sea_orm::{ConnectionTrait, TransactionTrait};
 
 const RELAY: &str = env!("CARGO_BIN_EXE_outbox-relay");
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -36,20 +36,6 @@ fn drain_to_kafka(t: &TestDb, brokers: &str, topics: &str, extra: &[&str]) {
     args.extend_from_slice(extra);
     let (code, _, stderr) = run_to_end(relay(), &args, &[("DATABASE_URL", &t.url)]);
     assert_eq!(code, 0, "relay failed:\n{stderr}");
-}
-
-/// The payload text exactly as the database stores it.
-async fn stored_payload(t: &TestDb, id: &str) -> String {
-    let sql = match t.backend {
-        Backend::Postgres => format!("SELECT payload::text FROM outbox WHERE id = '{id}'"),
-        _ => format!("SELECT payload FROM outbox WHERE id = '{id}'"),
-    };
-    let row =
-        t.db.query_one_raw(Statement::from_string(t.db_backend(), sql))
-            .await
-            .unwrap()
-            .expect("row");
-    row.try_get_by_index(0).unwrap()
 }
 
 /// A committed event with a traceparent, a row inserted by plain SQL with
@@ -108,7 +94,7 @@ async fn assert_contract(
     assert_eq!(message.key.as_deref(), Some("inv-1"));
     assert_eq!(
         message.payload.as_deref(),
-        Some(stored_payload(t, &event_id).await.as_bytes()),
+        Some(t.stored_payload(&event_id).await.as_bytes()),
         "the value is the payload's bytes as stored"
     );
     assert_eq!(message.json()["amountCents"], 990);

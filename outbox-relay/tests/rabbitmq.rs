@@ -1,10 +1,10 @@
 //! The relay binary publishing to the real RabbitMQ (127.0.0.1:5672): the
 //! message contract read back from a bound queue, per-aggregate order
-//! against the table, rows left pending while the broker refuses them or
-//! drops the relay's connection, unroutable messages, and bad settings.
-//! Each test has its own database, exchange and queues.
+//! against the table, rows left pending while the broker refuses them,
+//! drops the relay's connection or restarts (a private broker of the
+//! test's own), unroutable messages, and bad settings. Each test has its
+//! own database, exchange and queues.
 
-use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -12,13 +12,13 @@ use lapin::ExchangeKind;
 use lapin::types::FieldTable;
 use outbox_core::OutboxEvent;
 use outbox_tests::events::InvoiceIssuedV2;
-use outbox_tests::process::{RelayProcess, run_to_end};
+use outbox_tests::process::{RelayProcess, assert_refused, run_to_end};
 use outbox_tests::rabbitmq::{
-    Broker, Received, amqp_url, close_connections_named, reject_publish_beyond, unique,
+    Broker, PrivateServer, amqp_url, close_connections_named, reject_publish_beyond, unique,
 };
-use outbox_tests::stream::{check_stream, seed};
-use outbox_tests::{Backend, TestDb};
-use sea_orm::{ConnectionTrait, Statement, TransactionTrait};
+use outbox_tests::stream::{first_arrivals, seed, written_order};
+use outbox_tests::{Backend, TestDb, wait};
+use sea_orm::TransactionTrait;
 
 const RELAY: &str = env!("CARGO_BIN_EXE_outbox-relay");
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -51,63 +51,6 @@ fn drain(t: &TestDb, exchange: &str, extra: &[&str]) {
     assert_eq!(code, 0, "relay failed:\n{stderr}");
 }
 
-/// The payload text exactly as the database stores it.
-async fn stored_payload(t: &TestDb, id: &str) -> String {
-    let sql = match t.backend {
-        Backend::Postgres => format!("SELECT payload::text FROM outbox WHERE id = '{id}'"),
-        _ => format!("SELECT payload FROM outbox WHERE id = '{id}'"),
-    };
-    let row =
-        t.db.query_one_raw(Statement::from_string(t.db_backend(), sql))
-            .await
-            .unwrap()
-            .expect("row");
-    row.try_get_by_index(0).unwrap()
-}
-
-/// Inserts `per_aggregate` rows for each of `aggregates` aggregates by
-/// plain SQL (only Debezium's five columns), interleaved; returns
-/// (aggregate id, event id) in insertion order.
-async fn insert_plain_rows(
-    t: &TestDb,
-    aggregates: usize,
-    per_aggregate: usize,
-) -> Vec<(String, String)> {
-    let mut written = Vec::new();
-    for round in 0..per_aggregate {
-        let mut values = Vec::new();
-        for aggregate in 0..aggregates {
-            let id = uuid::Uuid::now_v7().to_string();
-            let aggregate_id = format!("cust-{aggregate}");
-            values.push(format!(
-                "('{id}', 'Customer', '{aggregate_id}', 'CustomerUpdated', '{{\"round\": {round}}}')"
-            ));
-            written.push((aggregate_id, id));
-        }
-        t.db.execute_unprepared(&format!(
-            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES {}",
-            values.join(", ")
-        ))
-        .await
-        .unwrap();
-    }
-    written
-}
-
-/// Per aggregate, the event ids in the order a queue delivered them first.
-fn first_arrivals(received: &[Received]) -> BTreeMap<String, Vec<String>> {
-    let mut seen = HashSet::new();
-    let mut order: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for message in received {
-        let id = message.message.header("id").expect("id header").to_owned();
-        if seen.insert(id.clone()) {
-            let key = message.message.key.clone().expect("aggregateId header");
-            order.entry(key).or_default().push(id);
-        }
-    }
-    order
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_reach_a_bound_queue_with_every_property_and_are_marked_after_their_confirm() {
     let broker = Broker::connect().await;
@@ -132,7 +75,7 @@ async fn rows_reach_a_bound_queue_with_every_property_and_are_marked_after_their
     .unwrap();
     txn.commit().await.unwrap();
     let event_id = appended[0].id.to_string();
-    let plain = insert_plain_rows(&t, 1, 1).await;
+    let plain = t.insert_plain_rows(1, 1).await;
     let (_, plain_id) = &plain[0];
 
     let before = std::time::SystemTime::now()
@@ -175,7 +118,7 @@ async fn rows_reach_a_bound_queue_with_every_property_and_are_marked_after_their
     );
     assert_eq!(
         invoice.message.payload.as_deref(),
-        Some(stored_payload(&t, &event_id).await.as_bytes()),
+        Some(t.stored_payload(&event_id).await.as_bytes()),
         "the body is the payload's bytes as stored"
     );
     let message = &invoice.message;
@@ -205,7 +148,7 @@ async fn rows_reach_a_bound_queue_with_every_property_and_are_marked_after_their
     assert_eq!(customer.message.header("traceparent"), None);
     assert_eq!(customer.message.header("aggregateId"), Some("cust-0"));
 
-    assert_eq!(t.count("outbox WHERE published_at IS NULL").await, 0);
+    assert_eq!(t.pending().await, 0);
     broker.clean_up(&exchange, &[&queue]).await;
     t.drop().await;
 }
@@ -219,7 +162,7 @@ async fn a_thousand_plain_sql_rows_over_ten_aggregates_arrive_once_in_table_orde
         .bind_queue(&exchange, &queue, "#", FieldTable::default())
         .await;
     let t = TestDb::new(Backend::Postgres).await;
-    let written = insert_plain_rows(&t, 10, 100).await;
+    let written = t.insert_plain_rows(10, 100).await;
 
     drain(&t, &exchange, &["--batch-size", "300"]);
     let received = broker
@@ -242,19 +185,13 @@ async fn a_thousand_plain_sql_rows_over_ten_aggregates_arrive_once_in_table_orde
             "message_id is the event id"
         );
     }
-    let mut expected: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (aggregate, id) in &written {
-        expected
-            .entry(aggregate.clone())
-            .or_default()
-            .push(id.clone());
-    }
+    let messages: Vec<_> = received.into_iter().map(|m| m.message).collect();
     assert_eq!(
-        first_arrivals(&received),
-        expected,
+        first_arrivals(&messages),
+        written_order(&written),
         "per aggregate, the queue holds the rows in the order they were written"
     );
-    assert_eq!(t.count("outbox WHERE published_at IS NULL").await, 0);
+    assert_eq!(t.pending().await, 0);
     broker.clean_up(&exchange, &[&queue]).await;
     t.drop().await;
 }
@@ -276,33 +213,11 @@ async fn appended_events_keep_their_aggregate_sequence_order_with_a_small_confir
     let ids = seed(&t.db, 10, 100, 10).await;
 
     drain(&t, &exchange, &["--amqp-max-unconfirmed", "7"]);
-    let received = broker
-        .read(
-            &queue,
-            ids.len(),
-            Duration::from_secs(60),
-            Duration::from_millis(500),
-        )
-        .await;
-    let messages: Vec<_> = received.into_iter().map(|m| m.message).collect();
-    let report = check_stream(&messages, &ids);
+    let report = broker.check_queue(&queue, &ids).await;
     assert_eq!(report.distinct, 1000);
     assert_eq!(report.duplicates, 0, "no fault, so no redelivery");
     broker.clean_up(&exchange, &[&queue]).await;
     t.drop().await;
-}
-
-/// Waits until `done` holds, failing after `timeout` with `what`.
-async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut done: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !done().await {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -324,42 +239,26 @@ async fn nacked_rows_stay_pending_and_are_delivered_once_the_queue_takes_them() 
     let url = amqp_url();
     let args = rabbit_args(&url, &exchange, &["--batch-size", "100"]);
     let mut relay = RelayProcess::spawn(relay(), &args, &[("DATABASE_URL", &t.url)]);
-    wait_until(Duration::from_secs(30), "the first nacks", || async {
+    wait::until("the first nacks", Duration::from_secs(30), async || {
         t.count("outbox WHERE attempts > 0").await > 0
     })
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let published = t.count("outbox WHERE published_at IS NOT NULL").await;
+    let published = t.published().await;
     assert!(
         published <= 50,
         "only what the full queue took is marked, got {published}"
     );
-    assert!(
-        t.count("outbox WHERE published_at IS NULL").await >= 150,
-        "nacked rows stay pending"
-    );
+    assert!(t.pending().await >= 150, "nacked rows stay pending");
 
     // The fault ends: the full queue goes away.
     broker.delete_queue(&full).await;
-    wait_until(Duration::from_secs(60), "every row published", || async {
-        t.count("outbox WHERE published_at IS NULL").await == 0
-    })
-    .await;
-    relay.signal("TERM");
-    assert_eq!(relay.wait(Duration::from_secs(30)), Some(0));
+    t.wait_until_published(Duration::from_secs(60)).await;
+    relay.terminate();
 
-    let received = broker
-        .read(
-            &witness,
-            ids.len(),
-            Duration::from_secs(30),
-            Duration::from_millis(500),
-        )
-        .await;
-    let messages: Vec<_> = received.into_iter().map(|m| m.message).collect();
     // A nacked message may still have reached the witness queue: it comes
     // again, never ahead of an earlier event of its aggregate.
-    let report = check_stream(&messages, &ids);
+    let report = broker.check_queue(&witness, &ids).await;
     assert_eq!(report.distinct, ids.len());
     assert_eq!(
         t.count("outbox WHERE dead_lettered_at IS NOT NULL").await,
@@ -387,11 +286,11 @@ async fn the_server_closing_the_relays_connection_mid_drain_loses_nothing_and_ke
         &["--batch-size", "10", "--amqp-max-unconfirmed", "4"],
     );
     let mut relay = RelayProcess::spawn(relay(), &args, &[("DATABASE_URL", &t.url)]);
-    let name = format!("outbox-relay pid {}", relay_pid(&relay));
+    let name = format!("outbox-relay pid {}", relay.id());
     let mut closed = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while closed < 3 && Instant::now() < deadline {
-        let pending = t.count("outbox WHERE published_at IS NULL").await;
+        let pending = t.pending().await;
         assert!(
             pending > 0,
             "the drain ended before the connection was closed 3 times"
@@ -404,33 +303,92 @@ async fn the_server_closing_the_relays_connection_mid_drain_loses_nothing_and_ke
         }
     }
     assert_eq!(closed, 3, "closed the relay's connection three times");
-    wait_until(Duration::from_secs(60), "every row published", || async {
-        t.count("outbox WHERE published_at IS NULL").await == 0
-    })
-    .await;
-    relay.signal("TERM");
-    assert_eq!(relay.wait(Duration::from_secs(30)), Some(0));
-    let stderr = relay.stderr().join("\n");
+    t.wait_until_published(Duration::from_secs(60)).await;
+    let stderr = relay.terminate();
     assert!(stderr.contains("reconnected to RabbitMQ"), "{stderr}");
 
-    let received = broker
-        .read(
-            &queue,
-            ids.len(),
-            Duration::from_secs(60),
-            Duration::from_millis(500),
-        )
-        .await;
-    let messages: Vec<_> = received.into_iter().map(|m| m.message).collect();
-    let report = check_stream(&messages, &ids);
+    let report = broker.check_queue(&queue, &ids).await;
     assert_eq!(report.distinct, ids.len(), "nothing lost");
     broker.clean_up(&exchange, &[&queue]).await;
     t.drop().await;
 }
 
-/// The relay's process id, which names its AMQP connection.
-fn relay_pid(relay: &RelayProcess) -> u32 {
-    relay.id()
+/// How a test stops a broker.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// SIGTERM: RabbitMQ shuts down in order.
+    Graceful,
+    /// SIGKILL: a crash.
+    Crash,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn broker_restarts_mid_drain_lose_nothing_and_keep_order_in_a_durable_queue() {
+    let mut server = PrivateServer::start().await;
+    let exchange = unique("restart");
+    let queue = unique("restart-q");
+    let setup = Broker::connect_to(&server.url).await;
+    setup
+        .bind_queue(&exchange, &queue, "#", FieldTable::default())
+        .await;
+    setup.close().await;
+    let t = TestDb::new(Backend::Postgres).await;
+    let ids = seed(&t.db, 10, 1000, 100).await;
+    let total = ids.len() as i64;
+
+    let args = rabbit_args(
+        &server.url,
+        &exchange,
+        &[
+            "--batch-size",
+            "50",
+            "--amqp-max-unconfirmed",
+            "8",
+            "--send-timeout",
+            "5s",
+        ],
+    );
+    let mut relay = RelayProcess::spawn(relay(), &args, &[("DATABASE_URL", &t.url)]);
+    for stop in [Stop::Graceful, Stop::Crash] {
+        let before = t.published().await;
+        wait::until(
+            "progress before the stop",
+            Duration::from_secs(120),
+            async || t.published().await > before,
+        )
+        .await;
+        match stop {
+            Stop::Graceful => server.stop().await,
+            Stop::Crash => server.kill(),
+        }
+        let published = t.published().await;
+        assert!(
+            published < total,
+            "the drain ended before the {stop:?} stop; relay:\n{}",
+            relay.stderr().join("\n")
+        );
+        eprintln!("{stop:?} stop with {published} of {total} rows published");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            relay.is_running(),
+            "the relay kept running while the broker was down"
+        );
+        server.restart().await;
+    }
+    t.wait_until_published(Duration::from_secs(180)).await;
+    let stderr = relay.terminate();
+    assert!(stderr.contains("reconnected to RabbitMQ"), "{stderr}");
+
+    let broker = Broker::connect_to(&server.url).await;
+    let report = broker.check_queue(&queue, &ids).await;
+    eprintln!(
+        "{} events, {} sent again after the restarts",
+        ids.len(),
+        report.duplicates
+    );
+    assert_eq!(report.distinct, ids.len(), "nothing lost");
+    broker.close().await;
+    t.drop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -449,7 +407,7 @@ async fn an_unroutable_message_is_not_marked_and_is_dead_lettered_as_unroutable(
         .await;
     let t = TestDb::new(Backend::Sqlite).await;
     let ids = seed(&t.db, 2, 5, 5).await;
-    insert_plain_rows(&t, 2, 3).await;
+    t.insert_plain_rows(2, 3).await;
 
     drain(
         &t,
@@ -465,7 +423,7 @@ async fn an_unroutable_message_is_not_marked_and_is_dead_lettered_as_unroutable(
         )
         .await;
     assert_eq!(received.len(), ids.len(), "the routable events arrived");
-    assert_eq!(t.count("outbox WHERE published_at IS NOT NULL").await, 10);
+    assert_eq!(t.published().await, 10);
     assert_eq!(
         t.count("outbox WHERE aggregatetype = 'Customer' AND published_at IS NULL")
             .await,
@@ -496,7 +454,7 @@ async fn an_unroutable_message_is_not_marked_and_is_dead_lettered_as_unroutable(
     );
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(
-        t.count("outbox WHERE published_at IS NOT NULL").await,
+        t.published().await,
         16,
         "the Customer rows are marked, though no queue got them"
     );
@@ -510,7 +468,7 @@ async fn bad_settings_and_unusable_brokers_stop_the_relay_with_one_line_and_mark
     let direct = unique("direct");
     broker.declare_exchange(&direct, ExchangeKind::Direct).await;
     let t = TestDb::new(Backend::Sqlite).await;
-    insert_plain_rows(&t, 1, 3).await;
+    t.insert_plain_rows(1, 3).await;
     let env = [("DATABASE_URL", t.url.as_str())];
 
     let cases: [(&[&str], i32, &str); 5] = [
@@ -548,24 +506,16 @@ async fn bad_settings_and_unusable_brokers_stop_the_relay_with_one_line_and_mark
     for (options, expected_code, expected_start) in cases {
         let mut args = vec!["run", "--drain", "--sink", "rabbitmq"];
         args.extend_from_slice(options);
-        let (code, stdout, stderr) = run_to_end(relay(), &args, &env);
-        let lines: Vec<&str> = stderr
-            .lines()
-            .filter(|line| !line.contains(" INFO ") && !line.contains(" WARN "))
-            .collect();
-        assert_eq!(code, expected_code, "{options:?}: {stderr}");
-        assert_eq!(lines.len(), 1, "{options:?}: one line: {stderr}");
-        assert!(
-            lines[0].starts_with(expected_start),
-            "{options:?}: {}",
-            lines[0]
-        );
-        assert!(
-            !stderr.contains("s3cret") && !stdout.contains("s3cret"),
-            "{options:?}: the password is never shown: {stderr}"
+        assert_refused(
+            relay(),
+            &args,
+            &env,
+            expected_code,
+            expected_start,
+            "s3cret",
         );
     }
-    assert_eq!(t.count("outbox WHERE published_at IS NOT NULL").await, 0);
+    assert_eq!(t.published().await, 0);
     assert_eq!(t.count("outbox WHERE attempts > 0").await, 0);
     broker.clean_up(&direct, &[]).await;
     t.drop().await;

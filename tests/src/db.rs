@@ -128,6 +128,73 @@ impl TestDb {
         row.try_get_by_index::<i64>(0).expect("count value")
     }
 
+    /// Rows not published yet.
+    pub async fn pending(&self) -> i64 {
+        self.count("outbox WHERE published_at IS NULL").await
+    }
+
+    /// Rows published.
+    pub async fn published(&self) -> i64 {
+        self.count("outbox WHERE published_at IS NOT NULL").await
+    }
+
+    /// Waits until no row is pending; fails the test after `timeout`.
+    pub async fn wait_until_published(&self, timeout: Duration) {
+        crate::wait::until("every row published", timeout, async || {
+            self.pending().await == 0
+        })
+        .await;
+    }
+
+    /// The payload text of event `id` exactly as the database stores it.
+    pub async fn stored_payload(&self, id: &str) -> String {
+        let sql = match self.backend {
+            Backend::Postgres => format!("SELECT payload::text FROM outbox WHERE id = '{id}'"),
+            Backend::MySql | Backend::Sqlite => {
+                format!("SELECT payload FROM outbox WHERE id = '{id}'")
+            }
+        };
+        let row = self
+            .db
+            .query_one_raw(sea_orm::Statement::from_string(self.db_backend(), sql))
+            .await
+            .expect("payload query")
+            .unwrap_or_else(|| panic!("no outbox row {id}"));
+        row.try_get_by_index(0).expect("payload text")
+    }
+
+    /// Inserts `per_aggregate` rows for each of `aggregates` aggregates
+    /// (`Customer` `cust-0`, `cust-1`, ...) by plain SQL, giving only
+    /// Debezium's five columns, interleaved: a statement per round. The
+    /// payload is `{"round": n}`. Returns (aggregate id, event id) in
+    /// insertion order.
+    pub async fn insert_plain_rows(
+        &self,
+        aggregates: usize,
+        per_aggregate: usize,
+    ) -> Vec<(String, String)> {
+        let mut written = Vec::with_capacity(aggregates * per_aggregate);
+        for round in 0..per_aggregate {
+            let mut values = Vec::with_capacity(aggregates);
+            for aggregate in 0..aggregates {
+                let id = uuid::Uuid::now_v7().to_string();
+                let aggregate_id = format!("cust-{aggregate}");
+                values.push(format!(
+                    "('{id}', 'Customer', '{aggregate_id}', 'CustomerUpdated', '{{\"round\": {round}}}')"
+                ));
+                written.push((aggregate_id, id));
+            }
+            self.db
+                .execute_unprepared(&format!(
+                    "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES {}",
+                    values.join(", ")
+                ))
+                .await
+                .expect("insert plain rows");
+        }
+        written
+    }
+
     /// Every outbox row, in insertion order.
     pub async fn outbox_rows(&self) -> Vec<OutboxRow> {
         let sql = match self.backend {

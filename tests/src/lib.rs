@@ -17,6 +17,7 @@ pub mod process;
 pub mod rabbitmq;
 pub mod stream;
 pub mod tls;
+pub mod wait;
 pub mod witness;
 
 pub use db::{Backend, OutboxRow, TestDb};

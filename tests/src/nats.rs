@@ -11,6 +11,7 @@ use async_nats::jetstream::stream::{Config, StorageType};
 use async_nats::jetstream::{self, Context};
 
 use crate::kafka::Consumed;
+use crate::stream::{StreamReport, check_stream};
 
 /// The server's URL; fails the test when nothing listens there.
 pub fn nats_url() -> String {
@@ -212,6 +213,18 @@ impl Witness {
             });
         }
         stored
+    }
+
+    /// Reads `stream` once it holds `ids.len()` messages (or after 30
+    /// seconds) and checks it: every id there, per aggregate in sequence
+    /// order. Returns what it read and the report.
+    pub async fn check_stream(&self, stream: &str, ids: &[String]) -> (Vec<Stored>, StreamReport) {
+        let stored = self
+            .read(stream, ids.len() as u64, Duration::from_secs(30))
+            .await;
+        let messages: Vec<Consumed> = stored.iter().map(Stored::consumed).collect();
+        let report = check_stream(&messages, ids);
+        (stored, report)
     }
 
     /// Deletes `stream`, at the end of a test.

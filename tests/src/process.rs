@@ -87,6 +87,16 @@ impl RelayProcess {
         assert!(status.success(), "kill -{name} failed");
     }
 
+    /// Sends SIGTERM, expects a clean exit within 30 seconds, and returns
+    /// everything written to standard error.
+    pub fn terminate(&mut self) -> String {
+        self.signal("TERM");
+        let code = self.wait(Duration::from_secs(30));
+        let stderr = self.stderr().join("\n");
+        assert_eq!(code, Some(0), "exit after SIGTERM; stderr:\n{stderr}");
+        stderr
+    }
+
     /// Waits for the process to exit; returns its exit code.
     pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
         let deadline = Instant::now() + timeout;
@@ -143,4 +153,30 @@ pub fn run_to_end(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, S
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+/// Runs the binary to completion and expects it to refuse: exit code
+/// `code`, one line on standard error besides INFO and WARN logs, starting
+/// with `start`, and `secret` (a password in the arguments) written
+/// nowhere.
+pub fn assert_refused(
+    binary: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    code: i32,
+    start: &str,
+    secret: &str,
+) {
+    let (exit, stdout, stderr) = run_to_end(binary, args, env);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|line| !line.contains(" INFO ") && !line.contains(" WARN "))
+        .collect();
+    assert_eq!(exit, code, "{args:?}: {stderr}");
+    assert_eq!(lines.len(), 1, "{args:?}: one line: {stderr}");
+    assert!(lines[0].starts_with(start), "{args:?}: {}", lines[0]);
+    assert!(
+        !stderr.contains(secret) && !stdout.contains(secret),
+        "{args:?}: the password is never shown: {stderr}"
+    );
 }

@@ -108,3 +108,28 @@ pub fn check_stream(messages: &[Consumed], expected_ids: &[String]) -> StreamRep
         duplicates,
     }
 }
+
+/// Per key (aggregate id), the event ids (`id` header) in the order they
+/// first arrived; a redelivery adds nothing.
+pub fn first_arrivals(messages: &[Consumed]) -> BTreeMap<String, Vec<String>> {
+    let mut seen = HashSet::new();
+    let mut order: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for message in messages {
+        let id = message.header("id").expect("id header").to_owned();
+        if seen.insert(id.clone()) {
+            let key = message.key.clone().expect("a key");
+            order.entry(key).or_default().push(id);
+        }
+    }
+    order
+}
+
+/// Per aggregate id, the event ids in the order written, from (aggregate
+/// id, event id) pairs such as [`crate::TestDb::insert_plain_rows`] returns.
+pub fn written_order(written: &[(String, String)]) -> BTreeMap<String, Vec<String>> {
+    let mut order: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (aggregate, id) in written {
+        order.entry(aggregate.clone()).or_default().push(id.clone());
+    }
+    order
+}

@@ -1,6 +1,7 @@
 //! The loop: receive a message, decode it, apply its effect through the
 //! inbox in a database transaction, commit, and only then store the
-//! message's offset for Kafka to commit.
+//! message's offset for Kafka to commit (or acknowledge it to RabbitMQ or
+//! JetStream, in [`crate::rabbitmq`] and [`crate::nats`]).
 //!
 //! A crash anywhere in between delivers the message again (its offset was
 //! not committed); the inbox then finds the event applied, or not, as the
@@ -10,7 +11,7 @@ use std::fmt;
 use std::future::Future;
 
 use anyhow::{Context, bail};
-use outbox_core::{DecodeError, EventDecoder, Gap, Inbox, Outcome};
+use outbox_core::{DecodeError, EventDecoder, Gap, Inbox, IncomingMessage, Outcome};
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
@@ -21,13 +22,22 @@ use crate::events::{self, OrderEvent};
 use crate::kafka::{self, OrderStreamConsumer};
 use crate::summary;
 
-/// Keeps `order_summary` from the order events of one topic.
-pub struct OrderConsumer {
+/// Decodes a message and applies its effect through the inbox in a
+/// database transaction, whatever broker delivered it: the Kafka loop
+/// below, [`crate::rabbitmq`] and [`crate::nats`] share it, and each only
+/// acknowledges the message its own way once [`OrderHandler::handle`]
+/// returned.
+pub struct OrderHandler {
     db: DatabaseConnection,
-    kafka: OrderStreamConsumer,
     decoder: EventDecoder<OrderEvent>,
     inbox: Inbox,
     skip_invalid: bool,
+}
+
+/// Keeps `order_summary` from the order events of one Kafka topic.
+pub struct OrderConsumer {
+    kafka: OrderStreamConsumer,
+    handler: OrderHandler,
 }
 
 /// What the consumer did, counted per message.
@@ -59,17 +69,34 @@ impl fmt::Display for Stats {
 }
 
 /// What happened to one message.
-enum Handled {
-    Applied { gap: Option<Gap> },
+#[derive(Debug)]
+pub enum Handled {
+    /// Its effect was applied, after a gap in its order's sequence if
+    /// `gap` says so.
+    Applied {
+        /// The events missing before it.
+        gap: Option<Gap>,
+    },
+    /// A redelivery of an applied event, skipped.
     Duplicate,
+    /// Older than the last applied event of its order, skipped.
     Stale,
-    Late { sequence: i64, last_applied: i64 },
+    /// Older than the last applied event of its order and never applied.
+    Late {
+        /// Its number in its order.
+        sequence: i64,
+        /// The order's last applied number.
+        last_applied: i64,
+    },
+    /// An event type this consumer does not handle.
     Ignored,
+    /// Not decodable, skipped (`--skip-invalid`).
     Invalid,
 }
 
 impl Stats {
-    fn count(&mut self, handled: &Handled) {
+    /// Counts what happened to one message.
+    pub fn count(&mut self, handled: &Handled) {
         match handled {
             Handled::Applied { gap } => {
                 self.applied += 1;
@@ -83,60 +110,31 @@ impl Stats {
     }
 }
 
-impl OrderConsumer {
-    /// A consumer applying effects to `db` through `inbox`. A message that
-    /// cannot be decoded stops it, unless `skip_invalid`.
-    pub fn new(
-        db: DatabaseConnection,
-        kafka: OrderStreamConsumer,
-        inbox: Inbox,
-        skip_invalid: bool,
-    ) -> Self {
+impl OrderHandler {
+    /// A handler applying effects to `db` through `inbox`. A message that
+    /// cannot be decoded is an error, unless `skip_invalid`.
+    pub fn new(db: DatabaseConnection, inbox: Inbox, skip_invalid: bool) -> Self {
         Self {
             db,
-            kafka,
             decoder: events::decoder(),
             inbox,
             skip_invalid,
         }
     }
 
-    /// Consumes `topic` until `shutdown` completes (after the message in
-    /// hand) or a message cannot be handled; commits the stored offsets
-    /// either way.
-    pub async fn run(
+    /// Decodes `incoming` (received at `position`, for the log) and
+    /// applies its effect once; the caller acknowledges the message to its
+    /// broker only after this returned `Ok`. An error means the message
+    /// must not be acknowledged: the database failed, it is held at a gap,
+    /// or it cannot be decoded (without `skip_invalid`).
+    pub async fn handle(
         &self,
-        topic: &str,
-        shutdown: impl Future<Output = ()>,
-    ) -> anyhow::Result<Stats> {
-        self.kafka
-            .subscribe(&[topic])
-            .with_context(|| format!("cannot subscribe to {topic}"))?;
-        let mut stats = Stats::default();
-        tokio::pin!(shutdown);
-        let outcome = loop {
-            let received = tokio::select! {
-                () = &mut shutdown => break Ok(()),
-                received = self.kafka.recv() => received,
-            };
-            match received {
-                // librdkafka retries by itself (broker down, topic not created yet).
-                Err(error) => tracing::warn!(%error, "kafka"),
-                Ok(message) => match self.handle(&message).await {
-                    Ok(handled) => stats.count(&handled),
-                    Err(error) => break Err(error),
-                },
-            }
-        };
-        self.commit_offsets();
-        outcome.map(|()| stats)
-    }
-
-    async fn handle(&self, message: &BorrowedMessage<'_>) -> anyhow::Result<Handled> {
-        let incoming = kafka::incoming(message);
+        incoming: &IncomingMessage<'_>,
+        position: &str,
+    ) -> anyhow::Result<Handled> {
         let metadata = match incoming.metadata() {
             Ok(metadata) => metadata,
-            Err(error) => return self.invalid(message, error),
+            Err(error) => return self.invalid(position, error),
         };
         // An event type this consumer does not handle still goes through
         // the inbox: it is part of its order's sequence, and skipping it
@@ -144,7 +142,7 @@ impl OrderConsumer {
         let event = match self.decoder.decode_payload(&metadata, incoming.payload) {
             Ok(event) => Some(event),
             Err(DecodeError::UnknownEventType { .. }) => None,
-            Err(error) => return self.invalid(message, error),
+            Err(error) => return self.invalid(position, error),
         };
         let handles_event = event.is_some();
         let describe = || {
@@ -153,7 +151,7 @@ impl OrderConsumer {
                 metadata.event_type,
                 metadata.id,
                 metadata.aggregate_id.as_deref().unwrap_or("?"),
-                kafka::position(message)
+                position
             )
         };
 
@@ -176,7 +174,7 @@ impl OrderConsumer {
             Outcome::Held { gap } => {
                 txn.rollback().await.ok();
                 bail!(
-                    "{gap} before {}; stopping without committing its offset (restart once the \
+                    "{gap} before {}; stopping without acknowledging it (restart once the \
                      missing events are published, or run with --on-gap apply)",
                     describe()
                 );
@@ -222,25 +220,65 @@ impl OrderConsumer {
             Handled::Ignored => tracing::debug!("ignored {}: not handled here", describe()),
             Handled::Invalid => {}
         }
-        self.store_offset(message);
         Ok(handled)
     }
 
-    fn invalid(
-        &self,
-        message: &BorrowedMessage<'_>,
-        error: DecodeError,
-    ) -> anyhow::Result<Handled> {
-        let position = kafka::position(message);
+    fn invalid(&self, position: &str, error: DecodeError) -> anyhow::Result<Handled> {
         if !self.skip_invalid {
             bail!(
-                "cannot decode the message at {position}: {error}; its offset is not committed \
+                "cannot decode the message at {position}: {error}; it is not acknowledged \
                  (fix the producer, or run with --skip-invalid to skip such messages)"
             );
         }
         tracing::error!("skipped the message at {position}: {error}");
-        self.store_offset(message);
         Ok(Handled::Invalid)
+    }
+}
+
+impl OrderConsumer {
+    /// A consumer reading with `kafka` and handling messages with `handler`.
+    pub fn new(kafka: OrderStreamConsumer, handler: OrderHandler) -> Self {
+        Self { kafka, handler }
+    }
+
+    /// Consumes `topic` until `shutdown` completes (after the message in
+    /// hand) or a message cannot be handled; commits the stored offsets
+    /// either way.
+    pub async fn run(
+        &self,
+        topic: &str,
+        shutdown: impl Future<Output = ()>,
+    ) -> anyhow::Result<Stats> {
+        self.kafka
+            .subscribe(&[topic])
+            .with_context(|| format!("cannot subscribe to {topic}"))?;
+        let mut stats = Stats::default();
+        tokio::pin!(shutdown);
+        let outcome = loop {
+            let received = tokio::select! {
+                () = &mut shutdown => break Ok(()),
+                received = self.kafka.recv() => received,
+            };
+            match received {
+                // librdkafka retries by itself (broker down, topic not created yet).
+                Err(error) => tracing::warn!(%error, "kafka"),
+                Ok(message) => match self.handle(&message).await {
+                    Ok(handled) => stats.count(&handled),
+                    Err(error) => break Err(error),
+                },
+            }
+        };
+        self.commit_offsets();
+        outcome.map(|()| stats)
+    }
+
+    async fn handle(&self, message: &BorrowedMessage<'_>) -> anyhow::Result<Handled> {
+        let handled = self
+            .handler
+            .handle(&kafka::incoming(message), &kafka::position(message))
+            .await?;
+        self.store_offset(message);
+        Ok(handled)
     }
 
     /// Marks the message done for Kafka; librdkafka commits it later.

@@ -148,11 +148,11 @@ pub fn incoming<'a>(message: &'a BorrowedMessage<'_>) -> IncomingMessage<'a> {
         incoming = incoming.key(key);
     }
     if let Some(headers) = message.headers() {
-        for header in headers.iter() {
-            if let Some(value) = header.value {
-                incoming = incoming.header(header.key, value);
-            }
-        }
+        incoming = incoming.headers(
+            headers
+                .iter()
+                .filter_map(|header| Some((header.key, header.value?))),
+        );
     }
     incoming
 }

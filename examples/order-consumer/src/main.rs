@@ -1,10 +1,13 @@
-//! Keeps an order summary from the order service's events on Kafka, each
-//! event's effect applied exactly once.
+//! Keeps an order summary from the order service's events on Kafka,
+//! RabbitMQ or NATS JetStream, each event's effect applied exactly once.
 //!
 //! ```sh
 //! export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092
 //! cargo run -p order-service && cargo run -p outbox-relay -- run --drain
 //! cargo run -p order-consumer        # Ctrl-C to stop
+//! # or, with the relay run with --sink rabbitmq / --sink nats:
+//! cargo run -p order-consumer -- --broker rabbitmq
+//! cargo run -p order-consumer -- --broker nats
 //! ```
 
 use std::io::IsTerminal;
@@ -13,8 +16,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
-use order_consumer::consumer::OrderConsumer;
+use order_consumer::consumer::{OrderConsumer, OrderHandler, Stats};
 use order_consumer::kafka::{self, KafkaSettings};
+use order_consumer::nats::{self, NatsSettings};
+use order_consumer::rabbitmq::{self, RabbitMqSettings};
 use order_consumer::summary;
 use outbox_core::consume::inbox::MAX_CONSUMER_NAME_LEN;
 use outbox_core::{GapPolicy, Inbox};
@@ -23,9 +28,10 @@ use sea_orm::{ConnectOptions, Database, DatabaseConnection};
 use sea_orm_migration::sea_query::{Alias, IntoIden};
 use sea_orm_migration::{MigrationTrait, MigratorTrait};
 
-/// Keeps the `order_summary` table from the order events on Kafka: each
-/// event's effect is applied exactly once, in a transaction that also
-/// records it in the inbox; offsets are committed after that transaction.
+/// Keeps the `order_summary` table from the order events on Kafka, RabbitMQ
+/// or NATS JetStream: each event's effect is applied exactly once, in a
+/// transaction that also records it in the inbox; a message is acknowledged
+/// (its offset committed) after that transaction.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
@@ -36,10 +42,35 @@ struct Args {
         default_value = "sqlite://order-summary.db?mode=rwc"
     )]
     database_url: String,
+    /// The broker the relay publishes to.
+    #[arg(long, env = "ORDER_CONSUMER_BROKER", value_enum, default_value_t = BrokerKind::Kafka)]
+    broker: BrokerKind,
     /// Kafka bootstrap servers.
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     brokers: String,
-    /// Topic of the order events.
+    /// RabbitMQ: the broker's URL.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp_url: String,
+    /// RabbitMQ: the relay's exchange.
+    #[arg(long, env = "AMQP_EXCHANGE", default_value = "outbox")]
+    amqp_exchange: String,
+    /// RabbitMQ: the consumer's durable queue, bound to the exchange for
+    /// the topic (default: the group name).
+    #[arg(long, env = "ORDER_CONSUMER_QUEUE")]
+    amqp_queue: Option<String>,
+    /// NATS: the server's URL.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
+    /// NATS: the relay's JetStream stream; the group names the durable
+    /// consumer.
+    #[arg(long, env = "NATS_STREAM", default_value = "OUTBOX")]
+    nats_stream: String,
+    /// Topic of the order events (on RabbitMQ the routing key, on NATS the
+    /// subjects' prefix before the aggregate id).
     #[arg(
         long,
         env = "ORDER_CONSUMER_TOPIC",
@@ -71,6 +102,17 @@ struct Args {
     /// A librdkafka setting, e.g. `-X session.timeout.ms=10000` (repeatable).
     #[arg(short = 'X', value_name = "KEY=VALUE", value_parser = key_value)]
     kafka_options: Vec<(String, String)>,
+}
+
+/// `--broker`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum BrokerKind {
+    /// Kafka, a consumer group.
+    Kafka,
+    /// RabbitMQ, a durable queue bound to the relay's exchange.
+    Rabbitmq,
+    /// NATS JetStream, a durable pull consumer of the relay's stream.
+    Nats,
 }
 
 /// `--on-gap`.
@@ -124,33 +166,70 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .context("cannot create the order_summary table")?;
 
-    let settings = KafkaSettings {
-        brokers: args.brokers.clone(),
-        group: args.group.clone(),
-        client_options: args.kafka_options,
-    };
-    let consumer = kafka::consumer(&settings)?;
-    kafka::check_brokers(
-        &consumer,
-        &args.brokers,
-        &args.topic,
-        Duration::from_secs(10),
-    )?;
-
     let on_gap = match args.on_gap {
         OnGap::Apply => GapPolicy::Apply,
         OnGap::Stop => GapPolicy::Hold,
     };
     let inbox = Inbox::new(args.group.clone(), on_gap);
     let retention = tokio::spawn(delete_old_ids(db.clone(), inbox.clone(), args.retention));
-
-    tracing::info!(topic = %args.topic, group = %args.group, "consuming");
-    let consumer = OrderConsumer::new(db, consumer, inbox, args.skip_invalid);
-    let outcome = consumer.run(&args.topic, shutdown_signal()).await;
+    let handler = OrderHandler::new(db, inbox, args.skip_invalid);
+    let outcome = consume(&args, handler).await;
     retention.abort();
     let stats = outcome?;
     tracing::info!("stopped: {stats}");
     Ok(())
+}
+
+/// Consumes from the broker chosen until a signal or an error.
+async fn consume(args: &Args, handler: OrderHandler) -> anyhow::Result<Stats> {
+    match args.broker {
+        BrokerKind::Kafka => {
+            let settings = KafkaSettings {
+                brokers: args.brokers.clone(),
+                group: args.group.clone(),
+                client_options: args.kafka_options.clone(),
+            };
+            let consumer = kafka::consumer(&settings)?;
+            kafka::check_brokers(
+                &consumer,
+                &args.brokers,
+                &args.topic,
+                Duration::from_secs(10),
+            )?;
+            tracing::info!(topic = %args.topic, group = %args.group, "consuming from Kafka");
+            OrderConsumer::new(consumer, handler)
+                .run(&args.topic, shutdown_signal())
+                .await
+        }
+        BrokerKind::Rabbitmq => {
+            let settings = RabbitMqSettings {
+                url: args.amqp_url.clone(),
+                exchange: args.amqp_exchange.clone(),
+                queue: args
+                    .amqp_queue
+                    .clone()
+                    .unwrap_or_else(|| args.group.clone()),
+                routing_key: args.topic.clone(),
+            };
+            let (connection, channel) = rabbitmq::channel(&settings).await?;
+            tracing::info!(queue = %settings.queue, exchange = %settings.exchange, "consuming from RabbitMQ");
+            let outcome =
+                rabbitmq::run(&handler, &channel, &settings.queue, shutdown_signal()).await;
+            let _ = connection.close(200, "stopping".into()).await;
+            outcome
+        }
+        BrokerKind::Nats => {
+            let settings = NatsSettings {
+                url: args.nats_url.clone(),
+                stream: args.nats_stream.clone(),
+                durable: args.group.clone(),
+                topic: args.topic.clone(),
+            };
+            let messages = nats::consumer(&settings).await?;
+            tracing::info!(stream = %settings.stream, consumer = %settings.durable, "consuming from NATS JetStream");
+            nats::run(&handler, messages, shutdown_signal()).await
+        }
+    }
 }
 
 async fn connect(url: &str) -> anyhow::Result<DatabaseConnection> {

@@ -5,9 +5,20 @@
 //! Event Router: key = `aggregateid`, value = the payload's JSON bytes,
 //! headers [`headers::ID`], [`headers::EVENT_TYPE`],
 //! [`headers::EVENT_VERSION`] and, when the row has them,
-//! [`headers::AGGREGATE_SEQUENCE`] and [`headers::TRACEPARENT`]. Nothing here
-//! depends on a Kafka client: build an [`IncomingMessage`] from whatever
-//! your client hands you.
+//! [`headers::AGGREGATE_SEQUENCE`] and [`headers::TRACEPARENT`]; on
+//! RabbitMQ and NATS JetStream, which have no message key, the headers also
+//! carry [`headers::AGGREGATE_TYPE`] and [`headers::AGGREGATE_ID`]. Nothing
+//! here depends on a broker's client: build an [`IncomingMessage`] from the
+//! headers and body whatever client received them.
+//!
+//! | broker | `topic` | key | headers |
+//! |---|---|---|---|
+//! | Kafka (rdkafka) | the topic, `outbox.event.Order` | the message key | every header with a value |
+//! | RabbitMQ (lapin) | the routing key, `outbox.event.Order` | none: the `aggregateId` header | the `LongString` values of the `headers` table |
+//! | NATS JetStream (async-nats) | the subject without its last token (the aggregate id), `outbox.event.Order` | none: the `aggregateId` header | every value of the `HeaderMap` |
+//!
+//! The same event thus has the same topic and aggregate id on every broker,
+//! and the [`Inbox`](super::Inbox) keeps the same high-water marks for it.
 
 use uuid::Uuid;
 
@@ -31,15 +42,18 @@ pub use outbox_contract::headers;
 /// assert_eq!(message.header_value("eventType"), Some(&b"OrderPlaced"[..]));
 /// ```
 ///
-/// With rdkafka, a `BorrowedMessage` adapts in a few lines: see
-/// `incoming` in `examples/order-consumer/src/kafka.rs`.
+/// [`IncomingMessage::headers`] takes a client's headers as they come, so
+/// each broker adapts in a few lines: see `incoming` in
+/// `examples/order-consumer/src/kafka.rs`, `src/rabbitmq.rs` and
+/// `src/nats.rs`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IncomingMessage<'a> {
     /// The topic it was read from. The inbox keeps per-aggregate sequence
     /// numbers per topic, since aggregate ids are only unique within an
     /// aggregate type (one topic per aggregate type).
     pub topic: &'a str,
-    /// The key: the aggregate id.
+    /// The key: the aggregate id. Without one (RabbitMQ, NATS), the
+    /// [`headers::AGGREGATE_ID`] header names the aggregate.
     pub key: Option<&'a [u8]>,
     /// The value: the payload's JSON bytes; `None` for a tombstone.
     pub payload: Option<&'a [u8]>,
@@ -72,6 +86,43 @@ impl<'a> IncomingMessage<'a> {
         self
     }
 
+    /// Adds headers as a client hands them over: pairs of a name (`&str`,
+    /// `&String`, async-nats' `&HeaderName`, ...) and a value (`&[u8]`,
+    /// `&str`, `&Vec<u8>`, async-nats' `&HeaderValue`, ...).
+    ///
+    /// ```
+    /// use std::collections::BTreeMap;
+    /// use outbox_core::IncomingMessage;
+    ///
+    /// // Headers as a client may hold them: text names, text values.
+    /// let received: BTreeMap<String, String> = [
+    ///     ("id", "0190a7e8-0000-7000-8000-000000000001"),
+    ///     ("eventType", "OrderPlaced"),
+    ///     ("eventVersion", "1"),
+    ///     ("aggregateId", "7"),
+    /// ]
+    /// .into_iter()
+    /// .map(|(name, value)| (name.to_owned(), value.to_owned()))
+    /// .collect();
+    /// let message = IncomingMessage::new("outbox.event.Order", Some(b"{}")).headers(&received);
+    /// let metadata = message.metadata()?;
+    /// assert_eq!(metadata.event_type, "OrderPlaced");
+    /// assert_eq!(metadata.aggregate_id.as_deref(), Some("7"));
+    /// # Ok::<(), outbox_core::DecodeError>(())
+    /// ```
+    pub fn headers<N, V>(mut self, headers: impl IntoIterator<Item = (&'a N, &'a V)>) -> Self
+    where
+        N: AsRef<str> + ?Sized + 'a,
+        V: AsRef<[u8]> + ?Sized + 'a,
+    {
+        self.headers.extend(
+            headers
+                .into_iter()
+                .map(|(name, value)| (name.as_ref(), value.as_ref())),
+        );
+        self
+    }
+
     /// The last value of the header `name`.
     pub fn header_value(&self, name: &str) -> Option<&'a [u8]> {
         self.headers
@@ -101,7 +152,8 @@ pub struct EventMetadata {
     pub version: u32,
     /// The topic the message was read from.
     pub topic: String,
-    /// The aggregate id (the message key), if the message has a key.
+    /// The aggregate id: the message key, else the `aggregateId` header,
+    /// if the message has either.
     pub aggregate_id: Option<String>,
     /// The event's number within its aggregate (`aggregateSequence`
     /// header), if present.
@@ -116,7 +168,8 @@ impl EventMetadata {
     /// `id`, `eventType` and `eventVersion` are required; `id` must be a
     /// UUID, `eventVersion` a positive number, `aggregateSequence` (when
     /// present) a positive number, and the key and every header read must
-    /// be UTF-8. Anything else is a [`DecodeError`], never a panic.
+    /// be UTF-8. Anything else is a [`DecodeError`], never a panic. The
+    /// aggregate id is the key, or without a key the `aggregateId` header.
     ///
     /// ```
     /// use outbox_core::{DecodeError, IncomingMessage};
@@ -176,6 +229,10 @@ impl EventMetadata {
                     })
             })
             .transpose()?;
+        let aggregate_id = match aggregate_id {
+            Some(key) => Some(key),
+            None => optional_text(message, headers::AGGREGATE_ID)?.map(str::to_owned),
+        };
         Ok(Self {
             id,
             event_type,
@@ -287,6 +344,47 @@ mod tests {
             bad_key.metadata(),
             Err(DecodeError::InvalidKey { .. })
         ));
+    }
+
+    #[test]
+    fn without_a_key_the_aggregate_id_header_names_the_aggregate() {
+        let mut message = message().header("aggregateId", b"from-header");
+        assert_eq!(
+            message.metadata().unwrap().aggregate_id.as_deref(),
+            Some("42"),
+            "the key wins"
+        );
+        message.key = None;
+        assert_eq!(
+            message.metadata().unwrap().aggregate_id.as_deref(),
+            Some("from-header")
+        );
+        let bad = IncomingMessage::new("t", None)
+            .header("id", ID)
+            .header("eventType", b"E")
+            .header("eventVersion", b"1")
+            .header("aggregateId", b"\xff");
+        assert!(matches!(
+            bad.metadata(),
+            Err(DecodeError::InvalidHeader {
+                header: "aggregateId",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn headers_are_taken_as_clients_hand_them_over() {
+        let owned: Vec<(String, Vec<u8>)> = vec![
+            ("id".into(), ID.to_vec()),
+            ("eventType".into(), b"OrderPlaced".to_vec()),
+            ("eventVersion".into(), b"1".to_vec()),
+        ];
+        let message = IncomingMessage::new("t", None).headers(owned.iter().map(|(n, v)| (n, v)));
+        assert_eq!(message.metadata().unwrap().event_type, "OrderPlaced");
+        let text: [(&str, &str); 1] = [("eventVersion", "4")];
+        let message = message.headers(text.iter().map(|(n, v)| (*n, *v)));
+        assert_eq!(message.metadata().unwrap().version, 4);
     }
 
     #[test]

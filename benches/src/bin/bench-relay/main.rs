@@ -17,8 +17,6 @@
 //! its own, dropped at the end) and the broker from `KAFKA_BROKERS` (default
 //! `127.0.0.1:9092`, started with `scripts/kafka.sh start`).
 
-mod load;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -43,7 +41,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::task::JoinSet;
 
-use load::RowState;
+use outbox_bench::load::{self, RowState};
 use outbox_bench::recording::{Call, Commit, CommitToAck, NoBrokerSink, Recorded, RecordingSink};
 
 /// Measures the relay against the database's ceiling, its commit-to-ack

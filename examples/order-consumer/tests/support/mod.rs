@@ -406,3 +406,55 @@ pub fn stop(consumer: &mut RelayProcess) -> String {
         .cloned()
         .unwrap_or_else(|| panic!("no statistics line:\n{}", stderr.join("\n")))
 }
+
+/// Publishes every pending row of `producer` through `sink` (topics from
+/// `template`) and returns.
+pub async fn drain_to(producer: &TestDb, sink: Arc<dyn Sink>, template: TopicTemplate) {
+    let source = source::connect(&producer.url, SourceOptions::default())
+        .await
+        .expect("relay source");
+    let relay = Relay::new(
+        Arc::from(source),
+        sink,
+        template,
+        RelayOptions {
+            batch_size: 100,
+            poll_interval: Duration::from_millis(50),
+            drain: true,
+            retention: None,
+            ..RelayOptions::default()
+        },
+    );
+    let (_trigger, shutdown) = Shutdown::manual();
+    relay.run(shutdown).await.expect("relay run");
+}
+
+/// Starts `order-consumer` with `args` (the broker's and the database's).
+pub fn spawn_consumer_with(args: &[&str]) -> RelayProcess {
+    RelayProcess::spawn(
+        Path::new(env!("CARGO_BIN_EXE_order-consumer")),
+        args,
+        &[("RUST_LOG", "info,order_consumer=debug,sqlx=warn")],
+    )
+}
+
+/// Waits until the consumer's log has `count` lines containing `text`.
+pub async fn wait_for_lines(consumer: &mut RelayProcess, text: &str, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = consumer
+            .stderr()
+            .iter()
+            .filter(|line| line.contains(text))
+            .count();
+        if seen >= count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline && consumer.is_running(),
+            "{seen} of {count} {text:?} lines in the consumer's log:\n{}",
+            consumer.stderr().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

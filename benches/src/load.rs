@@ -6,7 +6,7 @@
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use outbox_bench::order::order_placed;
+use crate::order::order_placed;
 
 /// Rows per `INSERT`.
 const ROWS_PER_STATEMENT: usize = 10_000;
