@@ -22,6 +22,7 @@ pub mod database;
 pub mod health;
 pub mod message;
 pub mod metrics;
+mod nodelay;
 pub mod progress;
 pub mod record;
 pub mod redact;

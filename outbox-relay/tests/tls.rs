@@ -325,3 +325,74 @@ async fn mariadb_over_tls_publishes_and_marks() {
         );
     }
 }
+
+/// This process's TCP sockets connected to `port`: each one's local
+/// address and whether it sends at once (`TCP_NODELAY`), read with
+/// `getsockopt` through the descriptor table.
+fn sockets_to(port: u16) -> Vec<(std::net::SocketAddr, bool)> {
+    use std::os::fd::BorrowedFd;
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .expect("the descriptor table")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    fds.into_iter()
+        .filter_map(|fd| {
+            // SAFETY: only borrowed for reading socket options; the test's
+            // own descriptors are not closed meanwhile.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            let socket = socket2::SockRef::from(&fd);
+            let peer = socket.peer_addr().ok()?.as_socket()?;
+            (peer.port() == port && socket.r#type().ok()? == socket2::Type::STREAM).then(|| {
+                let local = socket.local_addr().ok()?.as_socket()?;
+                Some((local, socket.tcp_nodelay().ok()?))
+            })?
+        })
+        .collect()
+}
+
+/// The relay's SQL connections send each statement at once
+/// (`TCP_NODELAY`), on PostgreSQL over TLS (`sslmode=prefer`, the default)
+/// and on MariaDB: sqlx 0.9.0 leaves Nagle's algorithm on, and a statement
+/// larger than a TLS record then waits up to 40 ms for the server's delayed
+/// acknowledgement, twice per batch at 2,000 rows (BENCHMARKS.md). A
+/// socket the test opens itself keeps the system's default, so the witness
+/// tells the two apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relays_sql_connections_send_each_statement_at_once() {
+    use outbox_relay::source::{self, Settlement, SourceOptions};
+    for (backend, default_port) in [(Backend::Postgres, 5432), (Backend::MySql, 3306)] {
+        let t = TestDb::new(backend).await;
+        let port = url::Url::parse(&t.url)
+            .expect("the test URL")
+            .port()
+            .unwrap_or(default_port);
+        let source = source::connect(&t.url, SourceOptions::default())
+            .await
+            .expect("the source");
+        // Two claims open at once hold two of the pool's connections.
+        let first = source.claim(10, &[]).await.expect("a claim");
+        let second = source.claim(10, &[]).await.expect("a second claim");
+        let own = std::net::TcpStream::connect(("127.0.0.1", port)).expect("a plain socket");
+        let own = own.local_addr().expect("its address");
+
+        let sockets = sockets_to(port);
+        assert!(
+            sockets
+                .iter()
+                .any(|&(local, nodelay)| local == own && !nodelay),
+            "the test's own socket keeps Nagle's algorithm: {sockets:?}"
+        );
+        let relays: Vec<_> = sockets.iter().filter(|(local, _)| *local != own).collect();
+        assert!(
+            relays.len() >= 2,
+            "{backend:?}: the claims' connections: {sockets:?}"
+        );
+        assert!(
+            relays.iter().all(|(_, nodelay)| *nodelay),
+            "{backend:?}: a connection with Nagle's algorithm on: {sockets:?}"
+        );
+        first.settle(&Settlement::default()).await.expect("settle");
+        second.settle(&Settlement::default()).await.expect("settle");
+        t.drop().await;
+    }
+}

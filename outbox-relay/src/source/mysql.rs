@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, FromRow, MySql};
 
 use super::dead_letters::park;
@@ -63,7 +63,9 @@ impl Dialect for MySqlDialect {
         url: &DatabaseUrl,
         options: &SourceOptions,
     ) -> Result<(MySqlPool, Self), sqlx::Error> {
+        let driver_url = url.driver_url();
         let session = SessionSetup {
+            port: driver_url.parse::<MySqlConnectOptions>()?.get_port(),
             shards: options.shards.as_ref().map(|shards| ShardSessions {
                 instance: shards.instance.clone(),
                 idle_timeout: shards.batch_timeout.as_secs().max(1),
@@ -78,7 +80,7 @@ impl Dialect for MySqlDialect {
                 let session = claims_session.clone();
                 Box::pin(async move { session.apply(conn).await })
             })
-            .connect(&url.driver_url())
+            .connect(&driver_url)
             .await?;
         Ok((pool, Self { session }))
     }
@@ -398,6 +400,8 @@ impl ShardStore for MySqlShardStore {
 /// How every session of the relay is set up.
 #[derive(Debug, Clone)]
 struct SessionSetup {
+    /// The database's TCP port (see `nodelay.rs`).
+    port: u16,
     /// With shard ownership.
     shards: Option<ShardSessions>,
 }
@@ -417,6 +421,7 @@ impl SessionSetup {
     /// never wait for the relay) and, with shards, the timeouts that end a
     /// paused relay's claims and the session's registration.
     async fn apply(&self, conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
+        crate::nodelay::set_on_database_sockets(self.port);
         sqlx::query("SET SESSION time_zone = '+00:00'")
             .execute(&mut *conn)
             .await?;

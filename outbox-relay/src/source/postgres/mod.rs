@@ -84,7 +84,8 @@ impl Dialect for PgDialect {
                 .map_or("outbox-relay", |shards| shards.instance.as_str());
             connect_options = connect_options.application_name(application_name);
         }
-        let pool = PgPoolOptions::new()
+        let port = connect_options.get_port();
+        let pool = crate::nodelay::pool_options(PgPoolOptions::new(), port)
             // Two open claims (one at the broker, one claimed ahead), and
             // retention and backlog sampling; the listener and the shard
             // heartbeat have connections of their own.

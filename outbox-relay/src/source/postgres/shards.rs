@@ -36,11 +36,13 @@ impl PgShardStore {
     /// a claim's connection.
     pub(super) async fn connect(pool: &PgPool, config: &ShardConfig) -> Result<Self, sqlx::Error> {
         let statement_timeout = (config.lease / 3).as_millis().max(100);
+        let port = pool.connect_options().get_port();
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(config.lease / 3)
             .after_connect(move |connection, _meta| {
                 Box::pin(async move {
+                    crate::nodelay::set_on_database_sockets(port);
                     sqlx::query(AssertSqlSafe(format!(
                         "SET statement_timeout = {statement_timeout}"
                     )))

@@ -39,7 +39,8 @@ impl PgDialect {
     async fn listen(pool: &PgPool) -> Result<Listener, sqlx::Error> {
         // A connection of its own, outside the claims' pool: the session
         // locks it may hold go with it when it is dropped, never to a claim.
-        let own = PgPoolOptions::new()
+        let port = pool.connect_options().get_port();
+        let own = crate::nodelay::pool_options(PgPoolOptions::new(), port)
             .max_connections(1)
             .connect_with((*pool.connect_options()).clone())
             .await?;
