@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Peak RSS of a CDC relay reading one transaction of N outbox rows
-# (~200-byte payloads) on the local PostgreSQL (wal_level = logical), with
-# the stdout sink: `benches/cdc-rss.sh [N]`, BIN=path/to/outbox-relay.
+# (~200-byte payloads) on the local PostgreSQL (wal_level = logical) and
+# publishing them to the Kafka-API broker (KAFKA_BROKERS, default
+# 127.0.0.1:9092): `benches/cdc-rss.sh [N]`, BIN=path/to/outbox-relay,
+# SINK="--sink stdout" for another sink, PGSSLMODE=require for TLS.
 # Prints rows, the relay's peak RSS (VmHWM) and the seconds from the
 # insert to the last row marked; drops its schema, slot and publication.
 set -euo pipefail
 N=${1:-200000}
 BIN=${BIN:-target/release/outbox-relay}
+BROKERS=${KAFKA_BROKERS:-127.0.0.1:9092}
 PG=postgres://postgres@127.0.0.1:5432/test
 S=cdc_rss_$$
 psql -q $PG -c "CREATE SCHEMA $S"
 URL="$PG?options=-c%20search_path%3D$S"
 DATABASE_URL="$URL" $BIN migrate >/dev/null 2>&1
-DATABASE_URL="$URL" $BIN run --mode cdc --slot $S --publication $S --sink stdout > /dev/null 2>"${TMPDIR:-/tmp}/cdc-rss-$$.err" &
+DATABASE_URL="$URL" $BIN run --mode cdc --slot $S --publication $S \
+  ${SINK:---sink kafka --brokers $BROKERS} --topic-template "$S.{aggregatetype}" > /dev/null 2>"${TMPDIR:-/tmp}/cdc-rss-$$.err" &
 PID=$!
 cleanup() {
   kill -TERM $PID 2>/dev/null || true

@@ -16,7 +16,7 @@
 //! `retry` re-drives it once it has been fixed.
 
 use outbox_contract::table::column;
-use sqlx::{ColumnIndex, Decode, Row, Type, TypeInfo, ValueRef};
+use sqlx::{Column, ColumnIndex, Decode, Row, Type, TypeInfo, ValueRef};
 
 use super::SourceError;
 use super::runs::{Head, RunRow};
@@ -59,6 +59,7 @@ pub(crate) fn decode_each<R, T>(
 where
     R: Row,
     for<'a> &'a str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
 {
     let mut decoded = Decoded {
@@ -69,7 +70,7 @@ where
         match decode(row) {
             Ok(value) => decoded.rows.push(value),
             Err(reason) => {
-                let seq = required::<R, i64>(row, seq_column).map_err(|seq_error| {
+                let seq = by_name::<R, i64>(row, seq_column).map_err(|seq_error| {
                     SourceError::Query(sqlx::Error::Decode(
                         format!(
                             "an outbox row cannot be read ({reason}) nor identified ({seq_error})"
@@ -92,30 +93,35 @@ pub(crate) fn runs<R>(rows: &[R]) -> Result<Decoded<RunRow>, SourceError>
 where
     R: Row,
     for<'a> &'a str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
 {
+    let columns = RecordColumns::of(rows.first());
+    let run_position = Place::of(rows.first(), "run_position");
     decode_each(rows, "seq", |row| {
         Ok(RunRow {
-            record: record(row)?,
-            run_position: required(row, "run_position")?,
+            record: record(row, &columns)?,
+            run_position: required(row, run_position)?,
         })
     })
 }
 
-/// Claimed rows without positions (MariaDB/MySQL, which locks them apart).
+/// Claimed rows without positions (MariaDB/MySQL, PostgreSQL).
 pub(crate) fn records<R>(rows: &[R]) -> Result<Decoded<OutboxRecord>, SourceError>
 where
     R: Row,
     for<'a> &'a str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
 {
-    decode_each(rows, "seq", record)
+    let columns = RecordColumns::of(rows.first());
+    decode_each(rows, "seq", |row| record(row, &columns))
 }
 
 /// The aggregates chosen by [`super::runs::head_sql`]. One whose key cannot
@@ -125,85 +131,152 @@ pub(crate) fn heads<R>(rows: &[R]) -> Result<Decoded<Head>, SourceError>
 where
     R: Row,
     for<'a> &'a str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
 {
     decode_each(rows, "first_seq", |row| {
         Ok(Head {
-            aggregatetype: required(row, "aggregatetype")?,
-            aggregateid: required(row, "aggregateid")?,
-            n: required(row, "n")?,
-            first_seq: required(row, "first_seq")?,
+            aggregatetype: by_name(row, "aggregatetype")?,
+            aggregateid: by_name(row, "aggregateid")?,
+            n: by_name(row, "n")?,
+            first_seq: by_name(row, "first_seq")?,
         })
     })
 }
 
+/// A column of a claim's rows: its name, and its place in the rows when
+/// the first row has it (all rows of a statement have the same columns),
+/// so that each row is read by place, not by looking its names up.
+#[derive(Debug, Clone, Copy)]
+struct Place<'a> {
+    name: &'a str,
+    index: Option<usize>,
+}
+
+impl<'a> Place<'a> {
+    fn of<R: Row>(first: Option<&R>, name: &'a str) -> Self {
+        let index = first.and_then(|row| row.columns().iter().position(|c| c.name() == name));
+        Self { name, index }
+    }
+}
+
+/// Where [`OutboxRecord`]'s fields are in a claim's rows.
+#[derive(Debug, Clone, Copy)]
+struct RecordColumns {
+    id: Place<'static>,
+    aggregate_type: Place<'static>,
+    aggregate_id: Place<'static>,
+    event_type: Place<'static>,
+    payload: Place<'static>,
+    event_version: Place<'static>,
+    aggregate_seq: Place<'static>,
+    traceparent: Place<'static>,
+    seq: Place<'static>,
+    attempts: Place<'static>,
+    age_at_claim: Place<'static>,
+}
+
+impl RecordColumns {
+    fn of<R: Row>(first: Option<&R>) -> Self {
+        let place = |name| Place::of(first, name);
+        Self {
+            id: place(column::ID),
+            aggregate_type: place(column::AGGREGATE_TYPE),
+            aggregate_id: place(column::AGGREGATE_ID),
+            event_type: place(column::EVENT_TYPE),
+            payload: place(column::PAYLOAD),
+            event_version: place(column::EVENT_VERSION),
+            aggregate_seq: place(column::AGGREGATE_SEQ),
+            traceparent: place(column::TRACEPARENT),
+            seq: place(column::SEQ),
+            attempts: place(column::ATTEMPTS),
+            age_at_claim: place("age_at_claim"),
+        }
+    }
+}
+
 /// One claimed row, its columns named as [`OutboxRecord`]'s fields.
-fn record<R>(row: &R) -> Result<OutboxRecord, String>
+fn record<R>(row: &R, columns: &RecordColumns) -> Result<OutboxRecord, String>
 where
     R: Row,
     for<'a> &'a str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
 {
     Ok(OutboxRecord {
-        id: required(row, column::ID)?,
-        aggregate_type: required(row, column::AGGREGATE_TYPE)?,
-        aggregate_id: required(row, column::AGGREGATE_ID)?,
-        event_type: required(row, column::EVENT_TYPE)?,
-        payload: optional(row, column::PAYLOAD)?,
-        event_version: required(row, column::EVENT_VERSION)?,
-        aggregate_seq: optional(row, column::AGGREGATE_SEQ)?,
-        traceparent: optional(row, column::TRACEPARENT)?,
-        seq: required(row, column::SEQ)?,
-        attempts: required(row, column::ATTEMPTS)?,
+        id: required(row, columns.id)?,
+        aggregate_type: required(row, columns.aggregate_type)?,
+        aggregate_id: required(row, columns.aggregate_id)?,
+        event_type: required(row, columns.event_type)?,
+        payload: optional(row, columns.payload)?,
+        event_version: required(row, columns.event_version)?,
+        aggregate_seq: optional(row, columns.aggregate_seq)?,
+        traceparent: optional(row, columns.traceparent)?,
+        seq: required(row, columns.seq)?,
+        attempts: required(row, columns.attempts)?,
         // A measurement, not the row's content: a `created_at` the
         // database cannot subtract gives an unknown (zero) age.
-        age_at_claim: optional(row, "age_at_claim")?.unwrap_or(0.0),
+        age_at_claim: optional(row, columns.age_at_claim)?.unwrap_or(0.0),
     })
 }
 
 /// A column that must not be NULL.
-fn required<'r, R, T>(row: &'r R, column: &str) -> Result<T, String>
+fn required<'r, R, T>(row: &'r R, column: Place<'_>) -> Result<T, String>
 where
     R: Row,
     for<'a> &'a str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
     T: Decode<'r, R::Database> + Type<R::Database>,
 {
-    optional(row, column)?.ok_or_else(|| format!("column `{column}` is NULL"))
+    optional(row, column)?.ok_or_else(|| format!("column `{}` is NULL", column.name))
 }
 
 /// A column that may be NULL: `None` then.
-fn optional<'r, R, T>(row: &'r R, column: &str) -> Result<Option<T>, String>
+fn optional<'r, R, T>(row: &'r R, column: Place<'_>) -> Result<Option<T>, String>
 where
     R: Row,
     for<'a> &'a str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
     T: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let value = row
-        .try_get_raw(column)
-        .map_err(|error| one_line(format!("column `{column}`: {error}")))?;
+    let name = column.name;
+    let value = match column.index {
+        Some(index) => row.try_get_raw(index),
+        None => row.try_get_raw(name),
+    }
+    .map_err(|error| one_line(format!("column `{name}`: {error}")))?;
     if value.is_null() {
         return Ok(None);
     }
-    let found = value.type_info().name().to_owned();
-    let compatible = {
-        let found = value.type_info();
-        found.is_null() || T::compatible(&found)
-    };
-    if !compatible {
+    let found = value.type_info().into_owned();
+    if !(found.is_null() || T::compatible(&found)) {
         return Err(format!(
-            "column `{column}` holds {found}, expected {}",
+            "column `{name}` holds {}, expected {}",
+            found.name(),
             T::type_info().name()
         ));
     }
     T::decode(value).map(Some).map_err(|error| {
         one_line(format!(
-            "column `{column}` holds {found} that cannot be read: {error}"
+            "column `{name}` holds {} that cannot be read: {error}",
+            found.name()
         ))
     })
+}
+
+/// A column of [`heads`]' rows, found by name.
+fn by_name<'r, R, T>(row: &'r R, name: &str) -> Result<T, String>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
+    T: Decode<'r, R::Database> + Type<R::Database>,
+{
+    required(row, Place { name, index: None })
 }
 
 fn one_line(text: String) -> String {

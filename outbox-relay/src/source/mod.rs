@@ -124,6 +124,14 @@ pub trait Source: Send + Sync {
     async fn close(&self) {}
 }
 
+/// A hash map for the relay's own bookkeeping of a batch (claims, plans,
+/// settles): a fast hash, randomly seeded per map. Aggregate keys come from
+/// the table; what must not collide is hashed apart ([`runs::Settled`]).
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A set of [`FastMap`]'s kind.
+pub(crate) type FastSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
+
 /// The rows of an open claim, after which a claim ahead continues.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InFlight {
@@ -180,8 +188,8 @@ impl InFlight {
         }
         // Should an aggregate's rows not be listed together, its entries
         // merge into the first.
-        let mut seen: std::collections::HashMap<AggregateKey, usize> =
-            std::collections::HashMap::with_capacity(runs.len());
+        let mut seen: FastMap<AggregateKey, usize> =
+            FastMap::with_capacity_and_hasher(runs.len(), Default::default());
         let mut merged: Vec<(AggregateKey, RunEnd)> = Vec::with_capacity(runs.len());
         for (key, end) in runs {
             match seen.get(&key) {

@@ -20,7 +20,7 @@
 //! run [`head_sql`] and [`runs_sql`] and order the result with
 //! [`in_claim_order`].
 
-use std::collections::HashMap;
+use super::FastMap as HashMap;
 
 use sqlx::{AssertSqlSafe, Database, Encode, Executor, Type};
 
@@ -52,7 +52,7 @@ pub(crate) struct RunRow {
 /// are never marked). This is the last line of per-aggregate order: the
 /// claim's own ordering already puts each aggregate's rows in sequence.
 pub(crate) fn unbroken_runs(rows: Vec<RunRow>) -> Vec<OutboxRecord> {
-    let mut next_position: HashMap<(String, String), i64> = HashMap::new();
+    let mut next_position: HashMap<(String, String), i64> = HashMap::default();
     let mut kept = Vec::with_capacity(rows.len());
     let mut left_out = 0usize;
     for RunRow {
@@ -281,7 +281,7 @@ pub(crate) fn plan(head: &[OutboxRecord], in_flight: &InFlight, settled: &Settle
     // The head's aggregates in the order of their oldest rows, each with
     // its rows (borrowed: no key is copied per row).
     let mut groups: Vec<((&str, &str), Vec<&OutboxRecord>)> = Vec::new();
-    let mut index: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut index: HashMap<(&str, &str), usize> = HashMap::default();
     for row in head {
         let key = (row.aggregate_type.as_str(), row.aggregate_id.as_str());
         match index.get(&key) {
@@ -407,7 +407,7 @@ impl Settled {
     pub fn record(&self, records: &[OutboxRecord], pending: impl Fn(&OutboxRecord) -> bool) {
         // Per aggregate: its last settled number, and whether a row of it
         // stays pending (nothing after that row counts).
-        let mut last: HashMap<u128, (i64, bool)> = HashMap::new();
+        let mut last: HashMap<u128, (i64, bool)> = HashMap::default();
         // Records come aggregate by aggregate: hash each aggregate once.
         let mut current: Option<(&str, &str, u128)> = None;
         for record in records {

@@ -3,7 +3,7 @@
 //! the failures and commits, all in the claim's transaction where it holds
 //! one; nothing is marked when any step fails.
 
-use std::collections::HashSet;
+use super::FastSet as HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;

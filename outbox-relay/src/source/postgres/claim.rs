@@ -2,7 +2,7 @@
 //! from them (`source/runs.rs`), then the aggregates whose rows there are
 //! not provably their earliest looked up in `aggregate_seq` order.
 
-use std::collections::HashSet;
+use super::super::FastSet as HashSet;
 
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnection, PgRow};
