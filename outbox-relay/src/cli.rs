@@ -224,7 +224,7 @@ pub struct RunArgs {
     /// Bytes of rows claimed and published at once, about (payloads and
     /// the other columns), 1024 to 1073741824: a batch of large payloads
     /// stops short of --batch-size at this bound, taking at least one row
-    /// [default: 4194304, 4 MiB]
+    /// [default: 2097152, 2 MiB]
     #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES")]
     pub max_batch_bytes: Option<u64>,
 

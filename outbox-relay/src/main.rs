@@ -13,10 +13,29 @@ use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::format::Writer;
 
+/// Makes glibc's allocator map every allocation of 128 KiB or more on its
+/// own and return it to the system when it is freed. By default glibc
+/// raises that threshold (up to 32 MiB) after the first large block is
+/// freed, and from then on keeps large payloads in its heaps, one per
+/// thread, which hold on to the memory of a burst of large rows.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn release_large_allocations() {
+    // SAFETY: mallopt only tunes the allocator; it is called before any
+    // other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
+/// Elsewhere the allocator's own behaviour stands.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_large_allocations() {}
+
 /// clap's exit code for usage errors, used for settings out of range too.
 const USAGE_ERROR: u8 = 2;
 
 fn main() -> ExitCode {
+    release_large_allocations();
     redact::install_panic_hook();
     outbox_relay::tls::install_crypto_provider();
     let cli = match Cli::try_parse() {

@@ -30,10 +30,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::record::OutboxRecord;
 
-/// The default of [`super::RelayOptions::max_batch_bytes`]: 4 MiB, the
-/// size of the pieces CDC mode sends, far above a batch of 500 typical
-/// events.
-pub const DEFAULT_MAX_BATCH_BYTES: usize = 4 << 20;
+/// The default of [`super::RelayOptions::max_batch_bytes`]: 2 MiB, far
+/// above a batch of 500 typical events (about 200 KiB), and low enough
+/// that a relay draining payloads of a megabyte peaks at about 32 MB
+/// (BENCHMARKS.md): the batch is held as rows, as messages and in the
+/// producer's queue while the next one is claimed.
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 2 << 20;
 
 /// The size a row is taken to have before any claim showed one: 1 MiB,
 /// librdkafka's default `message.max.bytes`.

@@ -48,7 +48,7 @@ use super::{SendError, Sink};
 use crate::message::Message;
 
 /// librdkafka's `queue.buffering.max.kbytes` unless set otherwise: 32 MiB,
-/// room for a batch at the relay's byte bound (4 MiB by default) or of
+/// room for a batch at the relay's byte bound (2 MiB by default) or of
 /// CDC mode's pieces many times over, and for a message of librdkafka's
 /// largest size.
 pub const QUEUE_MAX_KBYTES: u32 = 32 << 10;
