@@ -379,12 +379,14 @@ async fn a_relay_paused_mid_claim_frees_its_rows_within_the_lease() {
 /// The same with a producer linger of 2 s, so that the pause most likely
 /// lands while the paused relay's messages wait in librdkafka's queue:
 /// resumed, it must not send them (they expire first). The other relay's
-/// own batches take the linger too: two of them may go first.
+/// own batches take the linger too: two of them may go first. Each batch
+/// then takes 2 s, so the batches hold 4 MiB (80 of these 50 KB rows) for
+/// the other relay to drain the backlog within the pause.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relay_paused_mid_send_sends_nothing_stale_when_resumed() {
     paused_mid_claim(
         Backend::Postgres,
-        &["-X", "linger.ms=2000"],
+        &["-X", "linger.ms=2000", "--max-batch-bytes", "4194304"],
         Duration::from_secs(4),
     )
     .await;
@@ -399,7 +401,7 @@ async fn mariadb_relay_paused_mid_claim_frees_its_rows_within_the_lease() {
 
 /// `batches` is how long the other relay's batches in flight may delay its
 /// first batch of the paused relay's shards, beyond the bound.
-async fn paused_mid_claim(backend: Backend, producer: &[&str], batches: Duration) {
+async fn paused_mid_claim(backend: Backend, settings: &[&str], batches: Duration) {
     const EVENTS: i64 = 2400;
     const AGGREGATES: i64 = 20;
     let brokers = kafka::brokers();
@@ -441,7 +443,7 @@ async fn paused_mid_claim(backend: Backend, producer: &[&str], batches: Duration
             "200",
         ]
         .iter()
-        .chain(producer)
+        .chain(settings)
         .map(|arg| arg.to_string())
         .collect(),
     };
