@@ -128,6 +128,56 @@ impl TestDb {
         row.try_get_by_index::<i64>(0).expect("count value")
     }
 
+    /// On PostgreSQL, what a stalled relay test needs to see: the shard
+    /// and instance rows, the pending rows' counts, and every session of
+    /// the server that is not idle (what it waits for, what it runs).
+    pub async fn describe_ownership(&self) -> String {
+        let queries = [
+            "SELECT shard::text, coalesce(owner, '-'), epoch::text, \
+               coalesce((lease_until - now())::text, '-') FROM outbox_relay_shard ORDER BY shard",
+            "SELECT id, (lease_until - now())::text FROM outbox_relay_instance ORDER BY id",
+            "SELECT count(*)::text, coalesce(min(seq)::text, '-'), \
+               count(*) FILTER (WHERE dead_lettered_at IS NOT NULL)::text \
+             FROM outbox WHERE published_at IS NULL",
+            "SELECT pid::text, coalesce(application_name, ''), coalesce(state, ''), \
+               coalesce(wait_event_type || ':' || wait_event, ''), \
+               coalesce((now() - xact_start)::text, ''), left(coalesce(query, ''), 160) \
+             FROM pg_stat_activity WHERE backend_type = 'client backend' \
+               AND pid <> pg_backend_pid() AND state IS DISTINCT FROM 'idle' ORDER BY pid",
+        ];
+        let mut out = String::new();
+        for sql in queries {
+            out.push_str(
+                sql.split_whitespace()
+                    .take(6)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+                    .as_str(),
+            );
+            out.push('\n');
+            match self
+                .db
+                .query_all_raw(sea_orm::Statement::from_string(self.db_backend(), sql))
+                .await
+            {
+                Ok(rows) => {
+                    for row in rows {
+                        let mut cells = Vec::new();
+                        for index in 0.. {
+                            match row.try_get_by_index::<String>(index) {
+                                Ok(cell) => cells.push(cell),
+                                Err(_) => break,
+                            }
+                        }
+                        out.push_str(&format!("  {}\n", cells.join(" | ")));
+                    }
+                }
+                Err(error) => out.push_str(&format!("  error: {error}\n")),
+            }
+        }
+        out
+    }
+
     /// Rows not published yet.
     pub async fn pending(&self) -> i64 {
         self.count("outbox WHERE published_at IS NULL").await

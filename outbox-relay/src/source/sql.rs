@@ -161,6 +161,12 @@ impl<D: SharedStatements> SqlSource<D> {
             D::claim(self, conn, &request).await?
         };
         drop(pooled);
+        tracing::debug!(
+            rows = claimed.records.len(),
+            held = claimed.held.len(),
+            owned_shards = ?sharding.map(|_| owned.len()),
+            "claimed"
+        );
         Ok(Box::new(SqlClaim::<D> {
             txn,
             pool: self.pool.clone(),

@@ -220,6 +220,7 @@ async fn round(
         .max(1);
     let mut owned = store.renew(&config.instance, config.lease).await?;
     membership.renewed(started, config.lease, &owned);
+    tracing::debug!(live, owned = owned.len(), "renewed the shard leases");
     let fair = (config.count as usize).div_ceil(live);
     if owned.len() > fair {
         owned.sort_unstable();
