@@ -264,6 +264,13 @@ pub struct RunArgs {
     #[arg(long = "kafka-option", short = 'X', value_name = "KEY=VALUE")]
     pub kafka_options: Vec<String>,
 
+    /// An option of Debezium's Outbox Event Router under its own name
+    /// (repeatable): route.by.field, route.topic.regex,
+    /// route.topic.replacement, route.tombstone.on.empty.payload; the
+    /// route.* options take the place of --topic-template
+    #[arg(long = "router", value_name = "NAME=VALUE")]
+    pub router_options: Vec<String>,
+
     /// Delete rows once published instead of marking them
     #[arg(long)]
     pub delete_on_publish: bool,

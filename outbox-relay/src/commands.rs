@@ -211,7 +211,10 @@ async fn relay_from(
         database = %redact_url(&settings.database_url),
         mode = ?settings.mode,
         sink = ?settings.sink,
-        topics = %settings.topic_template,
+        topics = %match &settings.router {
+            Some(router) if router.routes() => format!("router: {router}"),
+            _ => settings.topic_template.clone(),
+        },
         batch_size = settings.relay.batch_size,
         "relay started"
     );
@@ -228,7 +231,10 @@ async fn relay_from(
             .await
             .map_err(|source| CommandError::Serve { addr, source })?;
     }
-    let topics = TopicTemplate::new(settings.topic_template);
+    let mut topics = TopicTemplate::new(settings.topic_template);
+    if let Some(router) = settings.router {
+        topics = topics.with_router(router);
+    }
     match postgres {
         None => Relay::new(source, sink, topics, settings.relay)
             .run(shutdown)

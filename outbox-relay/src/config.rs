@@ -20,6 +20,7 @@ use crate::cli::{
 use crate::database::Backend;
 use crate::redact;
 use crate::relay::{RelayOptions, Retention};
+use crate::router::Router;
 use crate::sink::kafka::KafkaOptions;
 use crate::sink::nats::subject::SubjectTemplate;
 use crate::sink::nats::{self, NatsOptions, ResendBound};
@@ -150,6 +151,9 @@ pub struct FileConfig {
     metrics_interval: Option<String>,
     #[serde(default)]
     kafka: BTreeMap<String, String>,
+    /// Debezium router options by their names (`"route.topic.regex"`).
+    #[serde(default)]
+    router: BTreeMap<String, String>,
 }
 
 impl FileConfig {
@@ -394,6 +398,9 @@ pub struct RunSettings {
     pub nats: NatsOptions,
     /// The topic template.
     pub topic_template: String,
+    /// Debezium router options, when any is given: they decide the topic
+    /// (instead of the template) and tombstones.
+    pub router: Option<Router>,
     /// The source's settlement options.
     pub source: SourceOptions,
     /// The loop's options.
@@ -469,6 +476,7 @@ impl RunSettings {
             kafka,
             rabbitmq,
             nats,
+            router: router(&args, file)?,
             topic_template: args
                 .topic_template
                 .or_else(|| file.topic_template.clone())
@@ -690,6 +698,44 @@ fn shard_config(
     }))
 }
 
+/// The `key = value` pairs of a file table, then those of a repeatable
+/// `KEY=VALUE` option (`flag`), in that order.
+fn key_values(
+    table: &BTreeMap<String, String>,
+    given: &[String],
+    flag: &str,
+) -> Result<Vec<(String, String)>, SettingsError> {
+    let mut pairs: Vec<(String, String)> = table
+        .iter()
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect();
+    for option in given {
+        pairs.push(
+            parse_key_value(option)
+                .map_err(|error| SettingsError::new(format!("{flag}: {error}")))?,
+        );
+    }
+    Ok(pairs)
+}
+
+/// Debezium's router options from the file, then `--router` (later ones
+/// winning), if any is given; they and a topic template cannot both name
+/// the topic.
+fn router(args: &RunArgs, file: &FileConfig) -> Result<Option<Router>, SettingsError> {
+    let options = key_values(&file.router, &args.router_options, "--router")?;
+    if options.is_empty() {
+        return Ok(None);
+    }
+    let router = Router::from_options(&options)
+        .map_err(|error| SettingsError::new(format!("--router: {error}")))?;
+    if router.routes() && (args.topic_template.is_some() || file.topic_template.is_some()) {
+        return Err(SettingsError::new(
+            "--topic-template and the router's route.* options both name the topic; use one",
+        ));
+    }
+    Ok(Some(router))
+}
+
 /// The Kafka sink's settings; the producer settings are checked when it
 /// is the sink.
 fn kafka_options(
@@ -698,17 +744,7 @@ fn kafka_options(
     file: &FileConfig,
     send_timeout: &Given<Duration>,
 ) -> Result<KafkaOptions, SettingsError> {
-    let mut client_options: Vec<(String, String)> = file
-        .kafka
-        .iter()
-        .map(|(key, value)| (key.clone(), value.clone()))
-        .collect();
-    for option in &args.kafka_options {
-        client_options.push(
-            parse_key_value(option)
-                .map_err(|error| SettingsError::new(format!("-X/--kafka-option: {error}")))?,
-        );
-    }
+    let client_options = key_values(&file.kafka, &args.kafka_options, "-X/--kafka-option")?;
     if sink == SinkKind::Kafka {
         check_producer_options(&client_options, send_timeout.value, &send_timeout.name)?;
     }
@@ -1255,6 +1291,68 @@ mod tests {
             Duration::from_millis(60_100),
             "one relay per SQLite file: no takeover"
         );
+    }
+
+    #[test]
+    fn router_options_come_from_the_file_and_the_command_line() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            [router]
+            "route.by.field" = "type"
+            "route.topic.replacement" = "file.${routedByValue}"
+            "#,
+        )
+        .unwrap();
+        let args = RunArgs {
+            router_options: vec!["route.topic.replacement=events.${routedByValue}".into()],
+            ..RunArgs::default()
+        };
+        let settings = RunSettings::resolve(&global(Some("sqlite://x.db")), args, &file).unwrap();
+        let router = settings.router.expect("router options given");
+        let mut row = crate::record::test_record("e-1", "42", 0);
+        row.event_type = "OrderPlaced".into();
+        assert_eq!(router.topic(&row), "events.OrderPlaced");
+
+        let none = RunSettings::resolve(
+            &global(Some("sqlite://x.db")),
+            RunArgs::default(),
+            &FileConfig::default(),
+        )
+        .unwrap();
+        assert!(none.router.is_none());
+
+        let error = |args: RunArgs| {
+            RunSettings::resolve(&global(Some("sqlite://x.db")), args, &FileConfig::default())
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            error(RunArgs {
+                router_options: vec!["route.by.feld=type".into()],
+                ..RunArgs::default()
+            }),
+            "--router: unknown router option \"route.by.feld\"; did you mean \"route.by.field\"?"
+        );
+        assert_eq!(
+            error(RunArgs {
+                router_options: vec!["route.by.field=aggregateid".into()],
+                topic_template: Some("t.{aggregatetype}".into()),
+                ..RunArgs::default()
+            }),
+            "--topic-template and the router's route.* options both name the topic; use one"
+        );
+        // Tombstones alone leave the template in charge.
+        let tombstones = RunSettings::resolve(
+            &global(Some("sqlite://x.db")),
+            RunArgs {
+                router_options: vec!["route.tombstone.on.empty.payload=true".into()],
+                topic_template: Some("t.{aggregatetype}".into()),
+                ..RunArgs::default()
+            },
+            &FileConfig::default(),
+        )
+        .unwrap();
+        assert!(tombstones.router.is_some_and(|router| !router.routes()));
     }
 
     #[test]

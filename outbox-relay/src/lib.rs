@@ -27,6 +27,7 @@ pub mod progress;
 pub mod record;
 pub mod redact;
 pub mod relay;
+pub mod router;
 pub mod server;
 pub mod shutdown;
 pub mod sink;

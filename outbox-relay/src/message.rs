@@ -11,6 +11,7 @@
 use outbox_contract::{headers, topic};
 
 use crate::record::OutboxRecord;
+use crate::router::Router;
 
 /// Header carrying the event id ([`headers::ID`]).
 pub use outbox_contract::headers::ID as HEADER_ID;
@@ -30,10 +31,12 @@ pub struct Message {
     pub payload: Option<String>,
 }
 
-/// Turns records into messages for one topic template.
+/// Turns records into messages for one topic template, or for the
+/// options of Debezium's router ([`Router`]).
 #[derive(Debug, Clone)]
 pub struct TopicTemplate {
     template: String,
+    router: Option<Router>,
 }
 
 impl TopicTemplate {
@@ -41,10 +44,20 @@ impl TopicTemplate {
     pub fn new(template: impl Into<String>) -> Self {
         Self {
             template: template.into(),
+            router: None,
         }
     }
 
-    /// The topic of an aggregate type.
+    /// Values, and topics unless its route.* options are the defaults, as
+    /// `router` decides them.
+    pub fn with_router(self, router: Router) -> Self {
+        Self {
+            router: Some(router),
+            ..self
+        }
+    }
+
+    /// The topic of an aggregate type, by the template (not the router).
     pub fn topic(&self, aggregate_type: &str) -> String {
         topic::for_aggregate(&self.template, aggregate_type)
     }
@@ -62,12 +75,22 @@ impl TopicTemplate {
         if let Some(traceparent) = &record.traceparent {
             headers.push((headers::TRACEPARENT, traceparent.clone()));
         }
+        let (topic, payload) = match &self.router {
+            None => (self.topic(&record.aggregate_type), record.payload.clone()),
+            Some(router) if router.routes() => {
+                (router.topic(record), router.payload(&record.payload))
+            }
+            Some(router) => (
+                self.topic(&record.aggregate_type),
+                router.payload(&record.payload),
+            ),
+        };
         Message {
-            topic: self.topic(&record.aggregate_type),
+            topic,
             key: record.aggregate_id.clone(),
             aggregate_type: record.aggregate_type.clone(),
             headers,
-            payload: record.payload.clone(),
+            payload,
         }
     }
 }
