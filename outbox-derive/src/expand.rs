@@ -95,6 +95,13 @@ mod tests {
         }
     }
 
+    fn payload_errors(input: DeriveInput) -> Vec<String> {
+        match crate::payload::derive_event_payload(&input) {
+            Ok(_) => Vec::new(),
+            Err(errors) => errors.iter().map(ToString::to_string).collect(),
+        }
+    }
+
     /// The tokens of the associated constant `name`, without spaces.
     fn constant(item: &ItemImpl, name: &str) -> String {
         item.items
@@ -166,6 +173,67 @@ mod tests {
         assert!(errors[0].starts_with("missing `version`"));
         assert!(errors[1].starts_with("#[serde(transparent)] is not supported"));
         assert!(errors[2].starts_with("DomainEvent can only be derived for structs"));
+    }
+
+    #[test]
+    fn refuses_every_serde_attribute_the_contract_does_not_model_at_once() {
+        let errors = errors(parse_quote! {
+            #[domain_event(aggregate = "Order", version = 1)]
+            #[serde(deny_unknown_fields, into = "Other", bound = "", rename = "X")]
+            struct OrderPlaced {
+                #[serde(with = "custom")]
+                at: i64,
+                #[serde(with = "custom")]
+                #[domain_event(opaque)]
+                raw: i64,
+                #[serde(skip_deserializing, alias = "qty2", borrow)]
+                qty: i64,
+                #[serde(skip_serializing_if = "Vec::is_empty")]
+                tags: Vec<String>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                coupon: Option<String>,
+                #[serde(default, skip_serializing_if = "Vec::is_empty")]
+                notes: Vec<String>,
+            }
+        });
+        let expected = [
+            "#[serde(deny_unknown_fields)] on event `OrderPlaced` is not supported: a reader",
+            "#[serde(into)] on event `OrderPlaced` is not supported: the payload would be written",
+            "#[serde(with)] on field `at` of event `OrderPlaced` is not supported: the contract \
+             cannot see",
+            "#[serde(skip_deserializing)] on field `qty` of event `OrderPlaced` is not supported",
+            "#[serde(skip_serializing_if)] on field `tags` of event `OrderPlaced` is not \
+             supported on a required field",
+        ];
+        assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+        for (error, start) in errors.iter().zip(expected) {
+            assert!(
+                error.starts_with(start),
+                "{error}\nshould start with\n{start}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_unmodelled_attributes_of_payload_types_and_variants() {
+        let errors = payload_errors(parse_quote! {
+            #[serde(rename_all_fields = "camelCase")]
+            enum Line {
+                #[serde(untagged)]
+                Free { text_value: String },
+                #[serde(deserialize_with = "custom")]
+                Sku(String),
+            }
+        });
+        let expected = [
+            "#[serde(rename_all_fields)] on payload type `Line` is not supported",
+            "#[serde(untagged)] on variant `Free` of payload type `Line` is not supported",
+            "#[serde(deserialize_with)] on variant `Sku` of payload type `Line` is not supported",
+        ];
+        assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+        for (error, start) in errors.iter().zip(expected) {
+            assert!(error.starts_with(start), "{error}");
+        }
     }
 
     #[test]

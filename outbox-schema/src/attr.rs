@@ -343,6 +343,104 @@ pub struct SerdeContainer {
     pub content: Option<String>,
     /// `untagged` on an enum.
     pub untagged: bool,
+    /// Attributes the contract does not model, to refuse.
+    pub refused: Vec<Refused>,
+}
+
+/// A serde attribute that changes what is written or what a reader
+/// accepts in a way the contract does not model: refused at compile time
+/// rather than ignored.
+#[derive(Debug, Clone)]
+pub struct Refused {
+    /// Where it is written.
+    pub span: Span,
+    /// Its key (`deny_unknown_fields`).
+    pub key: &'static str,
+    /// Why, and what to do instead.
+    pub fix: &'static str,
+    /// Whether `#[domain_event(opaque)]` on the field makes it acceptable.
+    pub opaque_allows: bool,
+}
+
+/// What is wrong with `with`, `serialize_with` and `deserialize_with`.
+const WITH_FIX: &str = "the contract cannot see the JSON a function writes or reads; give the \
+     field a type that derives Serialize and Deserialize, or mark it #[domain_event(opaque)] \
+     to accept any JSON there";
+/// What is wrong with reading or writing through another type.
+const FROM_FIX: &str = "the payload would be read through another type, whose shape the \
+     contract does not see; derive Deserialize on this type itself";
+
+/// Container attributes refused, with the fix each error shows.
+const CONTAINER_REFUSED: [(&str, &str); 8] = [
+    (
+        "deny_unknown_fields",
+        "a reader that denies unknown fields breaks on every field a later version adds; \
+         remove it (readers ignore fields they do not know)",
+    ),
+    ("from", FROM_FIX),
+    ("try_from", FROM_FIX),
+    (
+        "into",
+        "the payload would be written as another type, whose shape the contract does not \
+         see; derive Serialize on this type itself",
+    ),
+    (
+        "remote",
+        "a definition of a remote type is not a payload; derive on the payload type itself",
+    ),
+    (
+        "rename_all_fields",
+        "it renames the fields of every struct variant, which the contract does not model; \
+         put #[serde(rename_all = \"...\")] on each variant instead",
+    ),
+    (
+        "variant_identifier",
+        "an identifier enum is not a payload shape; use a plain enum",
+    ),
+    (
+        "field_identifier",
+        "an identifier enum is not a payload shape; use a plain enum",
+    ),
+];
+
+/// Field and variant attributes refused, with the fix each error shows and
+/// whether `opaque` makes them acceptable.
+const FIELD_REFUSED: [(&str, &str, bool); 6] = [
+    ("with", WITH_FIX, true),
+    ("serialize_with", WITH_FIX, true),
+    ("deserialize_with", WITH_FIX, true),
+    (
+        "skip_deserializing",
+        "readers would ignore a key writers send and fill in a default; use \
+         #[serde(default)] instead",
+        false,
+    ),
+    (
+        "getter",
+        "it belongs to definitions of remote types; remove it",
+        false,
+    ),
+    (
+        "untagged",
+        "an untagged variant is written without its name, which the contract does not \
+         model; remove it",
+        false,
+    ),
+];
+
+fn refused_key(
+    meta: &ParseNestedMeta<'_>,
+    table: &[(&'static str, &'static str, bool)],
+) -> Option<Refused> {
+    table
+        .iter()
+        .find(|(key, _, _)| meta.path.is_ident(key))
+        .map(|(key, fix, opaque_allows)| Refused {
+            span: meta.path.span(),
+            key,
+            fix,
+            opaque_allows: *opaque_allows,
+        })
 }
 
 impl SerdeContainer {
@@ -368,6 +466,8 @@ impl SerdeContainer {
             } else if meta.path.is_ident("untagged") {
                 container.untagged = true;
             } else {
+                let table = CONTAINER_REFUSED.map(|(key, fix)| (key, fix, false));
+                container.refused.extend(refused_key(meta, &table));
                 skip_value(meta)?;
             }
             Ok(())
@@ -390,6 +490,10 @@ pub struct SerdeField {
     pub flatten: bool,
     /// `rename_all` on an enum variant, for the fields of a struct variant.
     pub rename_all: Option<RenameRule>,
+    /// Where `skip_serializing_if` is written: the key may be left out.
+    pub skip_serializing_if: Option<Span>,
+    /// Attributes the contract does not model, to refuse.
+    pub refused: Vec<Refused>,
 }
 
 impl SerdeField {
@@ -410,7 +514,11 @@ impl SerdeField {
                 if let Some(rule) = serialize_name(meta)? {
                     field.rename_all = RenameRule::from_name(&rule);
                 }
+            } else if meta.path.is_ident("skip_serializing_if") {
+                field.skip_serializing_if = Some(meta.path.span());
+                skip_value(meta)?;
             } else {
+                field.refused.extend(refused_key(meta, &FIELD_REFUSED));
                 skip_value(meta)?;
             }
             Ok(())

@@ -7,7 +7,7 @@ use proc_macro2::TokenStream;
 use quote::quote;
 use syn::{Data, DeriveInput, Fields, Generics, Ident, Type};
 
-use crate::attr::{EventAttrs, FieldAttrs, SerdeContainer, SerdeField, unraw};
+use crate::attr::{EventAttrs, FieldAttrs, Refused, SerdeContainer, SerdeField, unraw};
 use crate::ctxt::Ctxt;
 use crate::schema_lock::{EventEntry, FieldEntry, TypeEntry, VariantEntry};
 use crate::shape::Kind;
@@ -91,8 +91,10 @@ pub fn type_params(generics: &Generics) -> Vec<String> {
 
 /// Reads the serialized named fields of a struct or struct variant.
 /// `container_default` is `#[serde(default)]` on the container.
+/// `owner` names the type (and variant) the fields belong to, for errors.
 fn named_fields<'a>(
     cx: &Ctxt,
+    owner: &str,
     fields: impl IntoIterator<Item = &'a syn::Field>,
     rename_all: Option<crate::case::RenameRule>,
     container_default: bool,
@@ -103,13 +105,33 @@ fn named_fields<'a>(
         .filter_map(|(index, field)| {
             let own = FieldAttrs::from_attrs(cx, &field.attrs);
             let attrs = SerdeField::from_attrs(&field.attrs);
-            if attrs.skip_serializing {
-                return None;
-            }
             let rust_name = match &field.ident {
                 Some(ident) => unraw(ident),
                 None => index.to_string(),
             };
+            let place = format!("field `{rust_name}` of {owner}");
+            let refused = attrs
+                .refused
+                .iter()
+                .filter(|refused| !(own.opaque && refused.opaque_allows));
+            refuse(cx, &place, refused);
+            let optional = ty::option_inner(&field.ty).is_some();
+            if let Some(span) = attrs.skip_serializing_if
+                && !attrs.skip_serializing
+                && !(optional || attrs.default || container_default)
+            {
+                cx.syn_error(syn::Error::new(
+                    span,
+                    format!(
+                        "#[serde(skip_serializing_if)] on {place} is not supported on a \
+                         required field: the key could be left out while readers require \
+                         it; make the field an Option<T> or add #[serde(default)]"
+                    ),
+                ));
+            }
+            if attrs.skip_serializing {
+                return None;
+            }
             let name = match (&attrs.rename, rename_all, &field.ident) {
                 (Some(rename), _, _) => rename.clone(),
                 (None, Some(rule), Some(_)) => rule.apply_to_field(&rust_name),
@@ -119,7 +141,7 @@ fn named_fields<'a>(
                 name,
                 rust_name,
                 ty: &field.ty,
-                optional: ty::option_inner(&field.ty).is_some(),
+                optional,
                 default: attrs.default || container_default,
                 flatten: attrs.flatten,
                 opaque: own.opaque,
@@ -129,11 +151,27 @@ fn named_fields<'a>(
         .collect()
 }
 
+/// Reports each serde attribute `refused` on `place` (`event
+/// `OrderPlaced``, `field `qty` of payload type `Line``).
+fn refuse<'r>(cx: &Ctxt, place: &str, refused: impl IntoIterator<Item = &'r Refused>) {
+    for refused in refused {
+        cx.syn_error(syn::Error::new(
+            refused.span,
+            format!(
+                "#[serde({})] on {place} is not supported: {}",
+                refused.key, refused.fix
+            ),
+        ));
+    }
+}
+
 impl<'a> Event<'a> {
     /// Reads the derive input, recording every problem in `cx`.
     pub fn from_ast(cx: &Ctxt, input: &'a DeriveInput) -> Option<Self> {
         let attrs = EventAttrs::from_attrs(cx, &input.ident, &input.attrs);
         let serde = SerdeContainer::from_attrs(&input.attrs);
+        let owner = format!("event `{}`", unraw(&input.ident));
+        refuse(cx, &owner, &serde.refused);
         if let Some(span) = serde.transparent {
             cx.syn_error(syn::Error::new(
                 span,
@@ -182,7 +220,7 @@ impl<'a> Event<'a> {
                 None
             }
         };
-        let fields = named_fields(cx, fields?.iter(), serde.rename_all, serde.default);
+        let fields = named_fields(cx, &owner, fields?.iter(), serde.rename_all, serde.default);
         Some(Self {
             ident: &input.ident,
             generics: &input.generics,
@@ -240,6 +278,8 @@ impl<'a> Payload<'a> {
     /// Reads the derive input, recording every problem in `cx`.
     pub fn from_ast(cx: &Ctxt, input: &'a DeriveInput) -> Option<Self> {
         let serde = SerdeContainer::from_attrs(&input.attrs);
+        let owner = format!("payload type `{}`", unraw(&input.ident));
+        refuse(cx, &owner, &serde.refused);
         for attr in &input.attrs {
             if attr.path().is_ident("domain_event") {
                 cx.error_spanned_by(
@@ -263,7 +303,7 @@ impl<'a> Payload<'a> {
                     Fields::Unnamed(_) => (Kind::Tuple, None),
                     Fields::Unit => (Kind::Unit, None),
                 };
-                let fields = named_fields(cx, &data.fields, rename_all, serde.default);
+                let fields = named_fields(cx, &owner, &data.fields, rename_all, serde.default);
                 (kind, fields, Vec::new())
             }
             Data::Enum(data) => {
@@ -272,10 +312,12 @@ impl<'a> Payload<'a> {
                     .iter()
                     .filter_map(|variant| {
                         let attrs = SerdeField::from_attrs(&variant.attrs);
+                        let rust_name = unraw(&variant.ident);
+                        let variant_owner = format!("variant `{rust_name}` of {owner}");
+                        refuse(cx, &variant_owner, &attrs.refused);
                         if attrs.skip_serializing {
                             return None;
                         }
-                        let rust_name = unraw(&variant.ident);
                         let name = match (&attrs.rename, serde.rename_all) {
                             (Some(rename), _) => rename.clone(),
                             (None, Some(rule)) => rule.apply_to_variant(&rust_name),
@@ -286,7 +328,13 @@ impl<'a> Payload<'a> {
                             Fields::Unnamed(_) => Kind::Tuple,
                             Fields::Unit => Kind::Unit,
                         };
-                        let fields = named_fields(cx, &variant.fields, attrs.rename_all, false);
+                        let fields = named_fields(
+                            cx,
+                            &variant_owner,
+                            &variant.fields,
+                            attrs.rename_all,
+                            false,
+                        );
                         Some(Variant {
                             name,
                             rust_name,

@@ -1,5 +1,5 @@
 //! Fields serde never writes are absent from the schema; fields it writes
-//! (even if it skips reading them) are present.
+//! (even if it may leave a defaulted one out) are present.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -15,9 +15,9 @@ struct OrderPacked {
     cache: Vec<u8>,
     #[serde(skip_serializing)]
     internal_note: String,
-    #[serde(skip_deserializing)]
+    #[serde(default)]
     placed_by: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     tags: Vec<String>,
 }
 
