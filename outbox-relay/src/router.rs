@@ -18,6 +18,11 @@
 //!   compatibility; on the outbox tables of this relay it changes nothing:
 //!   a NULL payload is always a null value (as Debezium's router gives
 //!   with a JSON converter), and `payload` holds JSON, never empty text.
+//! - `table.expand.json.payload` (default `true` here, `false` in
+//!   Debezium): whether the value is the payload's JSON as stored (what
+//!   Debezium writes with expansion on, and what this relay always wrote)
+//!   or, with `false`, a JSON string holding that JSON text (Debezium's
+//!   output for a JSON column without expansion).
 //!
 //! The topic is the Kafka topic and the RabbitMQ routing key; NATS
 //! subjects have their own template (`--nats-subject`). The router's
@@ -31,11 +36,12 @@ use regex::Regex;
 use crate::record::OutboxRecord;
 
 /// The options the relay takes.
-pub const OPTIONS: [&str; 4] = [
+pub const OPTIONS: [&str; 5] = [
     ROUTE_BY_FIELD,
     ROUTE_TOPIC_REGEX,
     ROUTE_TOPIC_REPLACEMENT,
     ROUTE_TOMBSTONE_ON_EMPTY_PAYLOAD,
+    TABLE_EXPAND_JSON_PAYLOAD,
 ];
 
 /// `route.by.field`.
@@ -46,6 +52,8 @@ pub const ROUTE_TOPIC_REGEX: &str = "route.topic.regex";
 pub const ROUTE_TOPIC_REPLACEMENT: &str = "route.topic.replacement";
 /// `route.tombstone.on.empty.payload`.
 pub const ROUTE_TOMBSTONE_ON_EMPTY_PAYLOAD: &str = "route.tombstone.on.empty.payload";
+/// `table.expand.json.payload`.
+pub const TABLE_EXPAND_JSON_PAYLOAD: &str = "table.expand.json.payload";
 
 /// The router's default regex.
 pub const DEFAULT_REGEX: &str = "(?<routedByValue>.*)";
@@ -53,14 +61,13 @@ pub const DEFAULT_REGEX: &str = "(?<routedByValue>.*)";
 pub const DEFAULT_REPLACEMENT: &str = "outbox.event.${routedByValue}";
 
 /// Debezium router options the relay does not take.
-const NOT_TAKEN: [&str; 10] = [
+const NOT_TAKEN: [&str; 9] = [
     "table.field.event.id",
     "table.field.event.key",
     "table.field.event.payload",
     "table.field.event.timestamp",
     "table.fields.additional.placement",
     "table.fields.additional.error.on.missing",
-    "table.expand.json.payload",
     "route.topic.regex.flags",
     "table.op.invalid.behavior",
     "debezium.op.invalid.behavior",
@@ -120,6 +127,8 @@ pub struct Router {
     /// The replacement as given, for messages.
     replacement_text: String,
     tombstone_on_empty_payload: bool,
+    /// Whether the payload's JSON is the value (else a JSON string of it).
+    expand_json_payload: bool,
 }
 
 impl Default for Router {
@@ -137,6 +146,7 @@ impl Router {
         let mut regex_text = DEFAULT_REGEX.to_owned();
         let mut replacement_text = DEFAULT_REPLACEMENT.to_owned();
         let mut tombstone_on_empty_payload = false;
+        let mut expand_json_payload = true;
         for (name, value) in options {
             match name.as_str() {
                 ROUTE_BY_FIELD => route_by = RouteBy::parse(value)?,
@@ -145,6 +155,7 @@ impl Router {
                 ROUTE_TOMBSTONE_ON_EMPTY_PAYLOAD => {
                     tombstone_on_empty_payload = parse_bool(name, value)?
                 }
+                TABLE_EXPAND_JSON_PAYLOAD => expand_json_payload = parse_bool(name, value)?,
                 other => return Err(unknown(other)),
             }
         }
@@ -162,6 +173,7 @@ impl Router {
             replacement,
             replacement_text,
             tombstone_on_empty_payload,
+            expand_json_payload,
         })
     }
 
@@ -185,10 +197,14 @@ impl Router {
         }
     }
 
-    /// The message value of a row's payload: `None` for a tombstone.
+    /// The message value of a row's payload: `None` for a tombstone; the
+    /// JSON as stored, or a JSON string of it without expansion.
     pub fn payload(&self, payload: &Option<String>) -> Option<String> {
         match payload {
             Some(text) if text.is_empty() && self.tombstone_on_empty_payload => None,
+            Some(text) if !self.expand_json_payload => {
+                Some(serde_json::Value::String(text.clone()).to_string())
+            }
             other => other.clone(),
         }
     }
@@ -205,6 +221,9 @@ impl fmt::Display for Router {
         )?;
         if self.tombstone_on_empty_payload {
             f.write_str(", empty payloads as tombstones")?;
+        }
+        if !self.expand_json_payload {
+            f.write_str(", payloads as JSON strings")?;
         }
         Ok(())
     }
@@ -372,6 +391,27 @@ mod tests {
         assert!(!tombstones.routes());
         assert_eq!(tombstones.payload(&Some(String::new())), None);
         assert_eq!(tombstones.payload(&Some("{}".into())), Some("{}".into()));
+    }
+
+    #[test]
+    fn without_expansion_the_value_is_a_json_string_of_the_payload() {
+        let expanded = Router::default();
+        assert_eq!(
+            expanded.payload(&Some(r#"{"a":"b"}"#.into())),
+            Some(r#"{"a":"b"}"#.into())
+        );
+        let strings =
+            Router::from_options(&options(&[(TABLE_EXPAND_JSON_PAYLOAD, "false")])).unwrap();
+        assert!(!strings.routes());
+        assert_eq!(
+            strings.payload(&Some(r#"{"a":"b"}"#.into())),
+            Some(r#""{\"a\":\"b\"}""#.into())
+        );
+        assert_eq!(
+            strings.payload(&None),
+            None,
+            "a NULL payload stays a tombstone"
+        );
     }
 
     #[test]

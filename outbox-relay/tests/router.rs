@@ -242,3 +242,46 @@ async fn sqlite_rows_on_stdout_carry_the_routed_topic() {
     );
     t.drop().await;
 }
+
+/// `table.expand.json.payload=false`: the value a separate Kafka consumer
+/// reads is a JSON string holding the stored payload, as Debezium writes a
+/// JSON column without expansion; the topic stays the template's.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_expansion_the_kafka_value_is_the_payload_as_a_json_string() {
+    let brokers = kafka::brokers();
+    let prefix = kafka::topic_prefix("unexpanded");
+    let t = TestDb::new(Backend::Postgres).await;
+    let id = insert(&t, "Order", "o-1", "OrderPlaced").await;
+    let template = format!("{prefix}.{{aggregatetype}}");
+    let (code, _, stderr) = run_to_end(
+        relay(),
+        &[
+            "run",
+            "--drain",
+            "--sink",
+            "kafka",
+            "--brokers",
+            &brokers,
+            "--topic-template",
+            &template,
+            "--router",
+            "table.expand.json.payload=false",
+        ],
+        &[("DATABASE_URL", &t.url)],
+    );
+    assert_eq!(code, 0, "relay failed:\n{stderr}");
+    let messages = kafka::consume(
+        &brokers,
+        &format!("{prefix}.Order"),
+        1,
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+    );
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert_eq!(messages[0].header("id"), Some(id.as_str()));
+    let value = messages[0].json();
+    let text = value.as_str().expect("the value is a JSON string");
+    let payload: serde_json::Value = serde_json::from_str(text).expect("holding the JSON");
+    assert_eq!(payload, serde_json::json!({"type": "OrderPlaced"}));
+    t.drop().await;
+}
