@@ -274,6 +274,7 @@ fn leak_shape(
                         optional: field.optional,
                         default: field.default,
                         flatten: field.flatten,
+                        omittable: field.omittable,
                         types: Box::leak(nested.into_boxed_slice()),
                     }
                 })

@@ -86,6 +86,7 @@ fn fields(
         let rust_name = field.rust_name();
         let ty = &field.ty;
         let (optional, default, flatten) = (field.optional, field.default, field.flatten);
+        let omittable = field.omittable;
         let types = nested(field);
         shapes.push(quote! {
             ::outbox_core::shape::FieldShape {
@@ -95,6 +96,7 @@ fn fields(
                 optional: #optional,
                 default: #default,
                 flatten: #flatten,
+                omittable: #omittable,
                 types: &[#(#types),*],
             }
         });

@@ -41,6 +41,8 @@ pub struct Field<'a> {
     pub default: bool,
     /// `#[serde(flatten)]`.
     pub flatten: bool,
+    /// `#[serde(skip_serializing_if)]`: the key may be left out.
+    pub omittable: bool,
     /// `#[domain_event(opaque)]`: compared by type name only.
     pub opaque: bool,
     /// The field as written, for errors about it.
@@ -58,6 +60,7 @@ impl Field<'_> {
         entry.optional = self.optional;
         entry.default = self.default;
         entry.flatten = self.flatten;
+        entry.omittable = self.omittable;
         entry.opaque = self.opaque;
         entry
     }
@@ -144,6 +147,7 @@ fn named_fields<'a>(
                 optional,
                 default: attrs.default || container_default,
                 flatten: attrs.flatten,
+                omittable: attrs.skip_serializing_if.is_some(),
                 opaque: own.opaque,
                 source: field,
             })

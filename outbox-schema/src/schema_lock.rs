@@ -102,6 +102,10 @@ pub struct FieldEntry {
     /// The field has `#[serde(flatten)]`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub flatten: bool,
+    /// The field has `#[serde(skip_serializing_if)]`: its key may be left
+    /// out of the JSON.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub omittable: bool,
     /// The field has `#[domain_event(opaque)]`: compared by type name only.
     #[serde(default, skip_serializing_if = "is_false")]
     pub opaque: bool,
@@ -162,6 +166,7 @@ impl FieldEntry {
             optional: self.optional,
             default: self.default,
             flatten: self.flatten,
+            omittable: self.omittable,
             types: &[],
         }
     }
@@ -175,6 +180,7 @@ impl FieldEntry {
             optional: false,
             default: false,
             flatten: false,
+            omittable: false,
             opaque: false,
         }
     }

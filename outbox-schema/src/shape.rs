@@ -89,6 +89,8 @@ pub struct FieldShape<'a> {
     pub default: bool,
     /// The field has `#[serde(flatten)]`.
     pub flatten: bool,
+    /// The field has `#[serde(skip_serializing_if)]`: its key may be left out.
+    pub omittable: bool,
     /// The shapes of the payload types inside `ty`, in order of appearance.
     pub types: &'a [&'a TypeShape<'a>],
 }
@@ -111,6 +113,8 @@ pub enum Change {
     TypeChanged,
     /// A field lost `#[serde(default)]`.
     MadeRequired,
+    /// A field readers require may now be left out of the JSON.
+    MadeOmittable,
     /// A field gained or lost `#[serde(flatten)]` (`to` is the new state).
     FlattenChanged,
     /// A new field that a reader of old payloads cannot fill in.
@@ -188,6 +192,8 @@ pub const fn field_change(recorded: &FieldShape<'_>, actual: &FieldShape<'_>) ->
         Some(Change::FlattenChanged)
     } else if recorded.tolerant() && !actual.tolerant() {
         Some(Change::MadeRequired)
+    } else if !recorded.tolerant() && actual.omittable {
+        Some(Change::MadeOmittable)
     } else {
         None
     }
@@ -408,6 +414,10 @@ impl Message {
                 .push("field ")
                 .code(item)
                 .push(" lost `#[serde(default)]`, so payloads without it no longer decode"),
+            Change::MadeOmittable => self.push("field ").code(item).push(
+                " may now be left out of the JSON (`#[serde(skip_serializing_if)]`), but \
+                 readers of the recorded version require it",
+            ),
             Change::FlattenChanged if problem.to.is_empty() => self
                 .push("field ")
                 .code(item)
@@ -464,6 +474,7 @@ impl Message {
                 .code(problem.from)
                 .push(" and add the new data as an `Option<_>` field"),
             Change::MadeRequired => self.push("or keep `#[serde(default)]`"),
+            Change::MadeOmittable => self.push("or always write the field"),
             Change::NewRequiredField => {
                 self.push("or make it additive: `Option<_>` or `#[serde(default)]`")
             }
@@ -536,6 +547,7 @@ mod tests {
             optional: false,
             default: false,
             flatten: false,
+            omittable: false,
             types: &[],
         }
     }
@@ -627,6 +639,36 @@ mod tests {
         }];
         let got = message(&shape(&recorded), &shape(&[CENTS])).unwrap();
         assert!(got.contains("lost `#[serde(default)]`"), "{got}");
+    }
+
+    #[test]
+    fn a_required_field_that_may_be_left_out_breaks_its_readers() {
+        let omittable = |field: FieldShape<'static>| FieldShape {
+            default: true,
+            omittable: true,
+            ..field
+        };
+        let got = message(&shape(&[CENTS]), &shape(&[omittable(CENTS)])).unwrap();
+        assert_eq!(
+            got,
+            "in `Money`, field `cents` may now be left out of the JSON \
+             (`#[serde(skip_serializing_if)]`), but readers of the recorded version require it"
+        );
+        // Readers of an optional or defaulted field fill it in.
+        let note = optional("note", "Option<String>");
+        let left_out = FieldShape {
+            omittable: true,
+            ..note
+        };
+        assert_eq!(message(&shape(&[note]), &shape(&[left_out])), None);
+        let defaulted = FieldShape {
+            default: true,
+            ..CENTS
+        };
+        assert_eq!(
+            message(&shape(&[defaulted]), &shape(&[omittable(CENTS)])),
+            None
+        );
     }
 
     #[test]
