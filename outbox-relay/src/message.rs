@@ -75,15 +75,13 @@ impl TopicTemplate {
         if let Some(traceparent) = &record.traceparent {
             headers.push((headers::TRACEPARENT, traceparent.clone()));
         }
-        let (topic, payload) = match &self.router {
-            None => (self.topic(&record.aggregate_type), record.payload.clone()),
-            Some(router) if router.routes() => {
-                (router.topic(record), router.payload(&record.payload))
-            }
-            Some(router) => (
-                self.topic(&record.aggregate_type),
-                router.payload(&record.payload),
-            ),
+        let topic = match &self.router {
+            Some(router) if router.routes() => router.topic(record),
+            _ => self.topic(&record.aggregate_type),
+        };
+        let payload = match &self.router {
+            Some(router) => router.payload(&record.payload),
+            None => record.payload.clone(),
         };
         Message {
             topic,

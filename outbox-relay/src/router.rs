@@ -129,6 +129,8 @@ pub struct Router {
     tombstone_on_empty_payload: bool,
     /// Whether the payload's JSON is the value (else a JSON string of it).
     expand_json_payload: bool,
+    /// Whether any route.* option differs from its default.
+    routes: bool,
 }
 
 impl Default for Router {
@@ -166,6 +168,9 @@ impl Router {
             )
         })?;
         let replacement = java_replacement(&replacement_text)?;
+        let routes = route_by != RouteBy::AggregateType
+            || regex_text != DEFAULT_REGEX
+            || replacement_text != DEFAULT_REPLACEMENT;
         Ok(Self {
             route_by,
             regex_text,
@@ -174,14 +179,13 @@ impl Router {
             replacement_text,
             tombstone_on_empty_payload,
             expand_json_payload,
+            routes,
         })
     }
 
     /// Whether any option changes the topic from the default.
     pub fn routes(&self) -> bool {
-        self.route_by != RouteBy::AggregateType
-            || self.regex_text != DEFAULT_REGEX
-            || self.replacement_text != DEFAULT_REPLACEMENT
+        self.routes
     }
 
     /// The topic of a row.

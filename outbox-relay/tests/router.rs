@@ -17,6 +17,16 @@ fn relay() -> &'static Path {
     Path::new(RELAY)
 }
 
+/// Runs `outbox-relay run --drain` to Kafka with `extra` arguments and
+/// expects a clean exit; returns its standard error.
+fn drain_to_kafka(t: &TestDb, brokers: &str, extra: &[&str]) -> String {
+    let mut args = vec!["run", "--drain", "--sink", "kafka", "--brokers", brokers];
+    args.extend_from_slice(extra);
+    let (code, _, stderr) = run_to_end(relay(), &args, &[("DATABASE_URL", &t.url)]);
+    assert_eq!(code, 0, "relay failed:\n{stderr}");
+    stderr
+}
+
 /// Inserts a plain-SQL row (the five Debezium columns); returns its id.
 async fn insert(t: &TestDb, aggregate_type: &str, aggregate_id: &str, event_type: &str) -> String {
     let id = uuid::Uuid::now_v7().to_string();
@@ -92,15 +102,10 @@ async fn routes_by_type_on(backend: Backend) {
         expected.push((id, *aggregate_id, *event_type, topic.clone()));
     }
     let replacement = format!("route.topic.replacement={prefix}.${{kind}}.${{what}}");
-    let (code, _, stderr) = run_to_end(
-        relay(),
+    let stderr = drain_to_kafka(
+        &t,
+        &brokers,
         &[
-            "run",
-            "--drain",
-            "--sink",
-            "kafka",
-            "--brokers",
-            &brokers,
             "--router",
             "route.by.field=type",
             "--router",
@@ -108,9 +113,7 @@ async fn routes_by_type_on(backend: Backend) {
             "--router",
             &replacement,
         ],
-        &[("DATABASE_URL", &t.url)],
     );
-    assert_eq!(code, 0, "relay failed:\n{stderr}");
     assert!(stderr.contains("router: type matching"), "{stderr}");
 
     let mut topics: Vec<&str> = rows.iter().map(|row| row.3.as_str()).collect();
@@ -253,23 +256,16 @@ async fn without_expansion_the_kafka_value_is_the_payload_as_a_json_string() {
     let t = TestDb::new(Backend::Postgres).await;
     let id = insert(&t, "Order", "o-1", "OrderPlaced").await;
     let template = format!("{prefix}.{{aggregatetype}}");
-    let (code, _, stderr) = run_to_end(
-        relay(),
+    drain_to_kafka(
+        &t,
+        &brokers,
         &[
-            "run",
-            "--drain",
-            "--sink",
-            "kafka",
-            "--brokers",
-            &brokers,
             "--topic-template",
             &template,
             "--router",
             "table.expand.json.payload=false",
         ],
-        &[("DATABASE_URL", &t.url)],
     );
-    assert_eq!(code, 0, "relay failed:\n{stderr}");
     let messages = kafka::consume(
         &brokers,
         &format!("{prefix}.Order"),

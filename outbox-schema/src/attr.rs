@@ -371,35 +371,42 @@ const FROM_FIX: &str = "the payload would be read through another type, whose sh
      contract does not see; derive Deserialize on this type itself";
 
 /// Container attributes refused, with the fix each error shows.
-const CONTAINER_REFUSED: [(&str, &str); 8] = [
+/// (`opaque` is a field attribute, so it never allows one of these.)
+const CONTAINER_REFUSED: [(&str, &str, bool); 8] = [
     (
         "deny_unknown_fields",
         "a reader that denies unknown fields breaks on every field a later version adds; \
          remove it (readers ignore fields they do not know)",
+        false,
     ),
-    ("from", FROM_FIX),
-    ("try_from", FROM_FIX),
+    ("from", FROM_FIX, false),
+    ("try_from", FROM_FIX, false),
     (
         "into",
         "the payload would be written as another type, whose shape the contract does not \
          see; derive Serialize on this type itself",
+        false,
     ),
     (
         "remote",
         "a definition of a remote type is not a payload; derive on the payload type itself",
+        false,
     ),
     (
         "rename_all_fields",
         "it renames the fields of every struct variant, which the contract does not model; \
          put #[serde(rename_all = \"...\")] on each variant instead",
+        false,
     ),
     (
         "variant_identifier",
         "an identifier enum is not a payload shape; use a plain enum",
+        false,
     ),
     (
         "field_identifier",
         "an identifier enum is not a payload shape; use a plain enum",
+        false,
     ),
 ];
 
@@ -466,8 +473,9 @@ impl SerdeContainer {
             } else if meta.path.is_ident("untagged") {
                 container.untagged = true;
             } else {
-                let table = CONTAINER_REFUSED.map(|(key, fix)| (key, fix, false));
-                container.refused.extend(refused_key(meta, &table));
+                container
+                    .refused
+                    .extend(refused_key(meta, &CONTAINER_REFUSED));
                 skip_value(meta)?;
             }
             Ok(())
