@@ -5,7 +5,8 @@
 //! here run exactly those files. Add [`CreateOutbox`],
 //! [`CreateRelayShards`] and (for consumers) [`CreateInbox`] and
 //! [`CreateInboxGaps`] to your own `sea-orm-migration` migrator, or run
-//! [`Migrator`] on its own:
+//! [`Migrator`] on its own. On PostgreSQL, [`PartitionOutbox`] (or
+//! [`PartitionedMigrator`]) partitions the outbox by day:
 //!
 //! ```no_run
 //! use outbox_migrations::Migrator;
@@ -238,6 +239,61 @@ impl MigrationTrait for RelaySessions {
     }
 }
 
+/// PostgreSQL: makes the outbox a table partitioned by day on
+/// `created_at`, so that retention drops whole days
+/// (`outbox-relay partitions maintain`) instead of deleting rows. Not in
+/// [`Migrator`]: run [`PartitionedMigrator`], or add this after the other
+/// outbox migrations of your own migrator. An existing plain outbox is
+/// converted in place, its rows kept (see the SQL file's header for what
+/// that costs). MariaDB/MySQL and SQLite refuse it with an error that says
+/// so.
+pub struct PartitionOutbox;
+
+impl MigrationName for PartitionOutbox {
+    fn name(&self) -> &str {
+        "m20261203_000008_partition_outbox"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for PartitionOutbox {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        only_on_postgres(manager)?;
+        run_on_postgres(
+            manager,
+            include_str!("../sql/postgres/0008_partition_outbox.up.sql"),
+        )
+        .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        only_on_postgres(manager)?;
+        run_on_postgres(
+            manager,
+            include_str!("../sql/postgres/0008_partition_outbox.down.sql"),
+        )
+        .await
+    }
+}
+
+/// The error of [`PartitionOutbox`] on a database other than PostgreSQL.
+fn only_on_postgres(manager: &SchemaManager<'_>) -> Result<(), DbErr> {
+    match manager.get_database_backend() {
+        DbBackend::Postgres => Ok(()),
+        DbBackend::Sqlite => Err(DbErr::Migration(
+            "a day-partitioned outbox needs PostgreSQL: SQLite has no table partitioning; \
+             keep the plain outbox and delete published rows with `outbox-relay cleanup`"
+                .to_owned(),
+        )),
+        _ => Err(DbErr::Migration(
+            "a day-partitioned outbox is available on PostgreSQL only for now; on \
+             MariaDB/MySQL keep the plain outbox and delete published rows with \
+             `outbox-relay cleanup`"
+                .to_owned(),
+        )),
+    }
+}
+
 /// Runs `script` on MariaDB/MySQL; nothing elsewhere.
 async fn run_on_mysql(manager: &SchemaManager<'_>, script: &str) -> Result<(), DbErr> {
     if manager.get_database_backend() == DbBackend::MySql {
@@ -276,6 +332,25 @@ impl MigratorTrait for Migrator {
 
     fn migration_table_name() -> sea_orm_migration::sea_orm::DynIden {
         sea_orm_migration::sea_query::Alias::new("outbox_migrations").into_iden()
+    }
+}
+
+/// [`Migrator`]'s migrations, then [`PartitionOutbox`]: the outbox
+/// partitioned by day (PostgreSQL). Same history table as [`Migrator`];
+/// once it ran, run this one, not [`Migrator`] (which would find a
+/// migration it does not know in the history and stop).
+pub struct PartitionedMigrator;
+
+#[async_trait]
+impl MigratorTrait for PartitionedMigrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        let mut migrations = Migrator::migrations();
+        migrations.push(Box::new(PartitionOutbox));
+        migrations
+    }
+
+    fn migration_table_name() -> sea_orm_migration::sea_orm::DynIden {
+        Migrator::migration_table_name()
     }
 }
 

@@ -1,4 +1,4 @@
-//! The command line: `outbox-relay <run|migrate|status|cleanup|retry|cdc>`.
+//! The command line: `outbox-relay <run|migrate|partitions|status|cleanup|retry|cdc>`.
 //!
 //! Every option can also come from an environment variable or from the TOML
 //! file given with `--config`; the command line wins over the environment,
@@ -62,7 +62,10 @@ pub enum Command {
     /// Publish pending rows until stopped (SIGINT/SIGTERM finish the batch in flight)
     Run(Box<RunArgs>),
     /// Create or update the outbox tables
-    Migrate,
+    Migrate(MigrateArgs),
+    /// List the day partitions of a partitioned outbox (PostgreSQL), or
+    /// maintain them
+    Partitions(PartitionsArgs),
     /// Show pending, published and dead-lettered row counts
     Status(StatusArgs),
     /// Delete published rows older than the retention window, in small batches
@@ -288,6 +291,18 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_cleanup: bool,
 
+    /// A partitioned outbox (PostgreSQL): every --cleanup-interval, create
+    /// the coming days' partitions and drop the days past --retention whose
+    /// rows are all published, instead of deleting rows (with --no-cleanup,
+    /// only create)
+    #[arg(long, env = "OUTBOX_PARTITION_MAINTENANCE")]
+    pub partition_maintenance: bool,
+
+    /// Days after today that partition maintenance keeps partitions for, 1
+    /// to 366 [default: 7]
+    #[arg(long)]
+    pub partitions_ahead: Option<u32>,
+
     /// Exit once no row is pending, instead of waiting for new ones
     #[arg(long)]
     pub drain: bool,
@@ -335,6 +350,55 @@ pub struct StatusArgs {
     /// CDC mode's replication slot to report on (PostgreSQL) [default: outbox_relay]
     #[arg(long, env = "OUTBOX_SLOT")]
     pub slot: Option<String>,
+}
+
+/// Options of `migrate`.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// Partition the outbox by day on its creation time (PostgreSQL), so
+    /// that retention drops whole days (`partitions maintain`); converts
+    /// an existing plain outbox in place, keeping its rows
+    #[arg(long)]
+    pub partitioned: bool,
+}
+
+/// Options of `partitions`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct PartitionsArgs {
+    /// What to do instead of listing.
+    #[command(subcommand)]
+    pub command: Option<PartitionsCommand>,
+
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The `partitions` commands.
+#[derive(Debug, Subcommand)]
+pub enum PartitionsCommand {
+    /// Create the partitions of today and the coming days (moving rows out
+    /// of the default partition), and drop day partitions past the
+    /// retention whose rows are all published
+    Maintain(MaintainArgs),
+}
+
+/// Options of `partitions maintain`.
+#[derive(Debug, Args)]
+pub struct MaintainArgs {
+    /// Drop day partitions that ended longer ago than this, once every row
+    /// in them is published, 0s to 3650days [default: 7d]
+    #[arg(long, value_parser = parse_duration)]
+    pub retain: Option<Duration>,
+
+    /// Days after today to have partitions for, 1 to 366 [default: 7]
+    #[arg(long)]
+    pub ahead: Option<u32>,
+
+    /// Print what was done as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `cleanup`.

@@ -10,15 +10,17 @@ use sea_orm_migration::MigratorTrait;
 use crate::cdc::slot::{self as cdc_slot, SlotStatus};
 use crate::cdc::{CdcError, CdcOptions, CdcRelay};
 use crate::cli::{
-    CdcCommand, CleanupArgs, Cli, Command, DropSlotArgs, RetryArgs, RunMode, SinkKind, StatusArgs,
+    CdcCommand, CleanupArgs, Cli, Command, DropSlotArgs, MigrateArgs, PartitionsArgs,
+    PartitionsCommand, RetryArgs, RunMode, SinkKind, StatusArgs,
 };
 use crate::config::{
     FileConfig, RunSettings, RunSettingsError, SettingsError, cleanup_retention, database_url,
-    remember_credentials, slot_name,
+    maintenance_settings, remember_credentials, slot_name,
 };
 use crate::database::Backend;
 use crate::health::{self, Health};
 use crate::message::TopicTemplate;
+use crate::partitions::{self, Maintenance, Partition, PartitionError};
 use crate::progress::Progress;
 use crate::redact::{redact_text, redact_url};
 use crate::relay::{Relay, RelayError, delete_published};
@@ -74,6 +76,15 @@ pub enum CommandError {
     /// `cdc drop-slot` on a database other than PostgreSQL.
     #[error("replication slots exist on PostgreSQL only; the database URL is not postgres://")]
     NotPostgres,
+    /// `partitions` on a database other than PostgreSQL.
+    #[error(
+        "a day-partitioned outbox is available on PostgreSQL only for now; the database URL is \
+         not postgres://"
+    )]
+    PartitionsNeedPostgres,
+    /// Listing or maintaining partitions failed.
+    #[error(transparent)]
+    Partitions(#[from] PartitionError),
     /// The publication could not be dropped.
     #[error("cannot drop publication {publication}")]
     DropPublication {
@@ -145,7 +156,16 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
             let settings = RunSettings::resolve(&cli.global, *args, &file)?;
             run(settings).await
         }
-        Command::Migrate => migrate(&database_url(&cli.global, &file)).await,
+        Command::Migrate(args) => migrate(&database_url(&cli.global, &file), &args).await,
+        Command::Partitions(args) => {
+            let maintenance = match &args.command {
+                Some(PartitionsCommand::Maintain(maintain)) => {
+                    Some((maintenance_settings(maintain, &file)?, maintain.json))
+                }
+                None => None,
+            };
+            partitions(&database_url(&cli.global, &file), &args, maintenance).await
+        }
         Command::Status(args) => {
             let slot = slot_name(args.slot.clone(), &file)?;
             status(&database_url(&cli.global, &file), &args, &slot).await
@@ -218,8 +238,12 @@ async fn relay_from(
         batch_size = settings.relay.batch_size,
         "relay started"
     );
-    if let (Some(addr), Some(metrics)) = (settings.metrics_addr, metrics) {
-        let health = Arc::new(Health::default());
+    let health = settings
+        .metrics_addr
+        .is_some()
+        .then(|| Arc::new(Health::default()));
+    let keeper = keep_partitions(&settings, health.clone(), &shutdown).await?;
+    if let (Some(addr), Some(metrics), Some(health)) = (settings.metrics_addr, metrics, health) {
         tokio::spawn(health::monitor(
             source.clone(),
             sink.clone(),
@@ -235,7 +259,7 @@ async fn relay_from(
     if let Some(router) = settings.router {
         topics = topics.with_router(router);
     }
-    match postgres {
+    let outcome = match postgres {
         None => Relay::new(source, sink, topics, settings.relay)
             .run(shutdown)
             .await
@@ -256,10 +280,55 @@ async fn relay_from(
                 .await
                 .map_err(CommandError::from)
         }
+    };
+    if let Some(keeper) = keeper {
+        keeper.close().await;
     }
+    outcome
 }
 
-async fn migrate(url: &str) -> Result<(), CommandError> {
+/// On PostgreSQL with a partitioned outbox, starts keeping its partitions
+/// (see [`partitions::keep`]); returns the source whose pool it uses, to
+/// close at the end. `--partition-maintenance` on a plain outbox fails
+/// here, before anything is published.
+async fn keep_partitions(
+    settings: &RunSettings,
+    health: Option<Arc<Health>>,
+    shutdown: &Shutdown,
+) -> Result<Option<source::postgres::PostgresSource>, CommandError> {
+    if Backend::of(&settings.database_url) != Some(Backend::Postgres) {
+        return Ok(None);
+    }
+    let source = source::connect_postgres(&settings.database_url, SourceOptions::default()).await?;
+    let partitioned = partitions::is_partitioned(source.pool())
+        .await
+        .map_err(|source| PartitionError::Query {
+            what: "reading the outbox table's kind",
+            source,
+        })?;
+    if !partitioned {
+        source.close().await;
+        return match settings.partition_maintenance {
+            Some(_) => Err(PartitionError::NotPartitioned.into()),
+            None => Ok(None),
+        };
+    }
+    let check = match (&settings.metrics_addr, &settings.partition_maintenance) {
+        (Some(_), _) => settings.metrics_interval,
+        (None, Some(maintenance)) => maintenance.interval,
+        (None, None) => Duration::from_secs(3600),
+    };
+    tokio::spawn(partitions::keep(
+        source.pool().clone(),
+        settings.partition_maintenance.clone(),
+        health,
+        check,
+        shutdown.clone(),
+    ));
+    Ok(Some(source))
+}
+
+async fn migrate(url: &str, args: &MigrateArgs) -> Result<(), CommandError> {
     // `mariadb://` is `mysql://` to the driver.
     let url = crate::database::DatabaseUrl::parse(url)
         .map(|parsed| parsed.driver_url())
@@ -277,14 +346,153 @@ async fn migrate(url: &str) -> Result<(), CommandError> {
     let db = Database::connect(options).await.map_err(|error| {
         CommandError::Connect(crate::tls::ConnectFailure::of_db_err(&url, &error))
     })?;
-    outbox_migrations::Migrator::up(&db, None)
-        .await
-        .map_err(|source| CommandError::Migrate {
-            url: redact_url(&url),
-            source,
-        })?;
-    eprintln!("the outbox tables in {} are up to date", redact_url(&url));
+    // Once partitioned, the history holds a migration the plain migrator
+    // does not know: keep migrating with the partitioned one.
+    let partitioned = args.partitioned || is_partitioned(&db).await;
+    let migrated = if partitioned {
+        outbox_migrations::PartitionedMigrator::up(&db, None).await
+    } else {
+        outbox_migrations::Migrator::up(&db, None).await
+    };
+    migrated.map_err(|source| CommandError::Migrate {
+        url: redact_url(&url),
+        source,
+    })?;
+    let layout = if partitioned {
+        " (partitioned by day)"
+    } else {
+        ""
+    };
+    eprintln!(
+        "the outbox tables in {} are up to date{layout}",
+        redact_url(&url)
+    );
     Ok(())
+}
+
+/// Whether `db` is PostgreSQL with a partitioned outbox.
+async fn is_partitioned(db: &sea_orm::DatabaseConnection) -> bool {
+    use sea_orm::ConnectionTrait;
+    if db.get_database_backend() != sea_orm::DbBackend::Postgres {
+        return false;
+    }
+    let kind = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT c.relkind::text AS kind FROM pg_class AS c \
+             WHERE c.oid = to_regclass('outbox')",
+        ))
+        .await;
+    matches!(kind, Ok(Some(row)) if row.try_get::<String>("", "kind").is_ok_and(|kind| kind == "p"))
+}
+
+async fn partitions(
+    url: &str,
+    args: &PartitionsArgs,
+    maintenance: Option<((Duration, u32), bool)>,
+) -> Result<(), CommandError> {
+    if Backend::of(url) != Some(Backend::Postgres) {
+        return Err(CommandError::PartitionsNeedPostgres);
+    }
+    let source = source::connect_postgres(url, SourceOptions::default()).await?;
+    let pool = source.pool();
+    match maintenance {
+        Some(((retain, ahead), json)) => {
+            let done = partitions::maintain(pool, retain, ahead).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&done)?);
+            } else {
+                eprint!("{}", maintenance_lines(&done));
+            }
+        }
+        None => {
+            let list = partitions::list(pool).await?;
+            let ahead = partitions::days_ahead(&partitions::ranges(&list), chrono::Utc::now());
+            if args.json {
+                let json = serde_json::json!({ "partitions": list, "days_ahead": ahead });
+                println!("{}", serde_json::to_string_pretty(&json)?);
+            } else {
+                print!("{}", partitions_table(&list, ahead));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn partitions_table(list: &[Partition], days_ahead: i64) -> String {
+    let bound = |at: Option<chrono::DateTime<chrono::Utc>>| {
+        at.map_or_else(
+            || "-".to_owned(),
+            |at| at.format("%Y-%m-%d %H:%M").to_string(),
+        )
+    };
+    let mut table = format!(
+        "{:<24} {:<16} {:<16} {:>10} {:>8} {:>8} {:>10}\n",
+        "partition", "from (UTC)", "to (UTC)", "rows", "pending", "dead", "size"
+    );
+    for partition in list {
+        let (from, to) = if partition.default {
+            ("default".to_owned(), String::new())
+        } else {
+            (bound(partition.from), bound(partition.to))
+        };
+        let rows = if partition.rows_estimated {
+            format!("~{}", partition.rows)
+        } else {
+            partition.rows.to_string()
+        };
+        table.push_str(&format!(
+            "{:<24} {:<16} {:<16} {:>10} {:>8} {:>8} {:>10}\n",
+            partition.name,
+            from,
+            to,
+            rows,
+            partition.pending,
+            partition.dead_letters,
+            format_bytes(partition.bytes)
+        ));
+    }
+    table.push_str(&format!(
+        "\n{days_ahead} days from today have partitions; `outbox-relay partitions maintain` \
+         creates the coming days'\n"
+    ));
+    table
+}
+
+fn maintenance_lines(done: &Maintenance) -> String {
+    let mut lines = format!("created {} partitions\n", done.created);
+    for dropped in &done.dropped {
+        lines.push_str(&format!(
+            "dropped {} ({} published rows)\n",
+            dropped.name, dropped.rows
+        ));
+    }
+    for kept in &done.kept {
+        lines.push_str(&format!(
+            "kept {}: {} ({} pending, {} dead letters)\n",
+            kept.name, kept.reason, kept.pending, kept.dead_letters
+        ));
+    }
+    if done.default_rows > 0 {
+        lines.push_str(&format!(
+            "{} rows stay in outbox_default: no day partition can hold their creation time\n",
+            done.default_rows
+        ));
+    }
+    lines
+}
+
+/// `bytes` in kB, MB or GB (powers of 1024), as PostgreSQL's
+/// `pg_size_pretty` writes them.
+fn format_bytes(bytes: i64) -> String {
+    const UNITS: [&str; 4] = ["bytes", "kB", "MB", "GB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 10_240.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{} {}", value.round() as i64, UNITS[unit])
 }
 
 async fn status(url: &str, args: &StatusArgs, slot: &str) -> Result<(), CommandError> {

@@ -14,8 +14,8 @@ use serde::Deserialize;
 
 use crate::cdc::slot::{DEFAULT_NAME, check_name};
 use crate::cli::{
-    CleanupArgs, Cli, Command, GlobalArgs, RunArgs, RunMode, SinkKind, parse_duration,
-    parse_key_value,
+    CleanupArgs, Cli, Command, GlobalArgs, MaintainArgs, RunArgs, RunMode, SinkKind,
+    parse_duration, parse_key_value,
 };
 use crate::database::Backend;
 use crate::redact;
@@ -62,6 +62,10 @@ pub const CLEANUP_INTERVAL: RangeInclusive<Duration> =
 pub const RETENTION: RangeInclusive<Duration> = Duration::ZERO..=Duration::from_secs(3650 * 86400);
 /// Allowed rows per cleanup `DELETE`: more would hold locks for long.
 pub const CLEANUP_BATCH_SIZE: RangeInclusive<u64> = 1..=100_000;
+/// Days after today `partitions maintain` keeps partitions for.
+pub const PARTITIONS_AHEAD: RangeInclusive<u64> = 1..=366;
+/// Days after today `partitions maintain` keeps partitions for, by default.
+pub const DEFAULT_PARTITIONS_AHEAD: u32 = 7;
 /// Allowed `--max-attempts`.
 pub const MAX_ATTEMPTS: RangeInclusive<u64> = 1..=i32::MAX as u64;
 /// Allowed `--topic-partitions`.
@@ -110,6 +114,15 @@ pub enum RunSettingsError {
         /// (anything else may be a connection string with a password).
         scheme: String,
     },
+    /// Partition maintenance on a database other than PostgreSQL.
+    #[error(
+        "--partition-maintenance keeps a day-partitioned outbox, available on PostgreSQL only \
+         for now, but the database is {scheme}; use the periodic cleanup"
+    )]
+    PartitionsNeedPostgres {
+        /// The URL's scheme, as for [`Self::CdcNeedsPostgres`].
+        scheme: String,
+    },
 }
 
 /// The optional TOML file: every key is optional.
@@ -140,6 +153,8 @@ pub struct FileConfig {
     topic_replication_factor: Option<i64>,
     send_timeout: Option<String>,
     delete_on_publish: Option<bool>,
+    partition_maintenance: Option<bool>,
+    partitions_ahead: Option<u32>,
     retention: Option<String>,
     cleanup_interval: Option<String>,
     cleanup: Option<bool>,
@@ -409,6 +424,21 @@ pub struct RunSettings {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// How often the gauges and connection checks are refreshed.
     pub metrics_interval: Duration,
+    /// Maintenance of a partitioned outbox's day partitions, when asked
+    /// for (it then takes the place of the periodic cleanup).
+    pub partition_maintenance: Option<PartitionMaintenance>,
+}
+
+/// What the running relay's partition maintenance does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionMaintenance {
+    /// Drop days that ended longer ago than this (`None`: never drop,
+    /// with `--no-cleanup`).
+    pub retain: Option<Duration>,
+    /// Days after today to have partitions for.
+    pub ahead: u32,
+    /// How often.
+    pub interval: Duration,
 }
 
 impl RunSettings {
@@ -427,6 +457,11 @@ impl RunSettings {
         let (mode, slot, publication) = mode_settings(&database_url, &args, file)?;
         let sink = sink_kind(&args, file);
         let mut relay = relay_options(&database_url, &args, file)?;
+        let partition_maintenance = partition_maintenance(&database_url, &args, file)?;
+        if partition_maintenance.is_some() {
+            // Days are dropped whole instead.
+            relay.retention = None;
+        }
         let (shards, lease) = shard_count_and_lease(&args, file)?;
         let send_timeout = send_timeout(&args, file)?;
         relay.shutdown_timeout = send_timeout.value;
@@ -488,8 +523,45 @@ impl RunSettings {
             relay,
             metrics_addr: args.metrics_addr.or(file.metrics_addr),
             metrics_interval,
+            partition_maintenance,
         })
     }
+}
+
+/// `--partition-maintenance` with its retention (`--retention`, none with
+/// `--no-cleanup`), interval (`--cleanup-interval`) and `--partitions-ahead`.
+fn partition_maintenance(
+    database_url: &str,
+    args: &RunArgs,
+    file: &FileConfig,
+) -> Result<Option<PartitionMaintenance>, RunSettingsError> {
+    if !(args.partition_maintenance || file.partition_maintenance.unwrap_or(false)) {
+        return Ok(None);
+    }
+    if Backend::of(database_url) != Some(Backend::Postgres) {
+        let scheme = crate::database::scheme(database_url).unwrap_or("not PostgreSQL");
+        return Err(RunSettingsError::PartitionsNeedPostgres {
+            scheme: scheme.to_owned(),
+        });
+    }
+    let ahead = checked_count(
+        given(
+            "--partitions-ahead",
+            "partitions_ahead",
+            args.partitions_ahead,
+            file.partitions_ahead,
+        ),
+        &PARTITIONS_AHEAD,
+        DEFAULT_PARTITIONS_AHEAD,
+    )?;
+    // The cleanup's settings, whether or not rows would be deleted.
+    let cleanup = !args.no_cleanup && file.cleanup.unwrap_or(true);
+    let retention = retention_settings(args, file)?;
+    Ok(Some(PartitionMaintenance {
+        retain: cleanup.then_some(retention.keep_for),
+        ahead,
+        interval: retention.interval,
+    }))
 }
 
 /// Polling or CDC mode, with CDC mode's slot and publication; CDC mode
@@ -607,6 +679,11 @@ fn relay_options(
 fn retention(args: &RunArgs, file: &FileConfig) -> Result<Option<Retention>, SettingsError> {
     let cleanup =
         !args.no_cleanup && file.cleanup.unwrap_or(true) && !relay_deletes_on_publish(args, file);
+    Ok(cleanup.then_some(retention_settings(args, file)?))
+}
+
+/// `--retention`, `--cleanup-interval` and the file's cleanup batch size.
+fn retention_settings(args: &RunArgs, file: &FileConfig) -> Result<Retention, SettingsError> {
     let defaults = Retention::default();
     let keep_for = keep_for("--retention", args.retention, file)?;
     let interval = checked_duration(
@@ -624,11 +701,11 @@ fn retention(args: &RunArgs, file: &FileConfig) -> Result<Option<Retention>, Set
         Some(size) => check_count("config key `cleanup_batch_size`", size, &CLEANUP_BATCH_SIZE)?,
         None => defaults.batch_size,
     };
-    Ok(cleanup.then_some(Retention {
+    Ok(Retention {
         keep_for,
         interval,
         batch_size,
-    }))
+    })
 }
 
 /// `--shards` and `--lease`.
@@ -1048,6 +1125,22 @@ fn keep_for(
     )
 }
 
+/// What `partitions maintain` needs: how long published days are kept
+/// (`--retain`, or the file's `retention`, as for `cleanup`) and how many
+/// days after today get partitions.
+pub fn maintenance_settings(
+    args: &MaintainArgs,
+    file: &FileConfig,
+) -> Result<(Duration, u32), SettingsError> {
+    let retain = keep_for("--retain", args.retain, file)?;
+    let ahead = checked_count(
+        given("--ahead", "ahead", args.ahead, None),
+        &PARTITIONS_AHEAD,
+        DEFAULT_PARTITIONS_AHEAD,
+    )?;
+    Ok((retain, ahead))
+}
+
 /// Everything `cleanup` needs.
 pub fn cleanup_retention(
     args: &CleanupArgs,
@@ -1098,6 +1191,52 @@ mod tests {
             settings.source.shards.is_none(),
             "one relay per SQLite file"
         );
+    }
+
+    #[test]
+    fn partition_maintenance_takes_the_place_of_the_row_cleanup() {
+        let postgres = global(Some("postgres://db/test"));
+        let file: FileConfig = toml::from_str(
+            r#"
+            partition_maintenance = true
+            retention = "3d"
+            cleanup_interval = "15m"
+            "#,
+        )
+        .unwrap();
+        let settings = RunSettings::resolve(&postgres, RunArgs::default(), &file).unwrap();
+        assert!(settings.relay.retention.is_none(), "no rows deleted");
+        assert_eq!(
+            settings.partition_maintenance,
+            Some(PartitionMaintenance {
+                retain: Some(Duration::from_secs(3 * 86_400)),
+                ahead: DEFAULT_PARTITIONS_AHEAD,
+                interval: Duration::from_secs(900),
+            })
+        );
+        let args = RunArgs {
+            no_cleanup: true,
+            partitions_ahead: Some(30),
+            ..RunArgs::default()
+        };
+        let settings = RunSettings::resolve(&postgres, args, &file).unwrap();
+        let maintenance = settings.partition_maintenance.unwrap();
+        assert_eq!((maintenance.retain, maintenance.ahead), (None, 30));
+
+        let args = RunArgs {
+            partitions_ahead: Some(0),
+            ..RunArgs::default()
+        };
+        let error = RunSettings::resolve(&postgres, args, &file).unwrap_err();
+        assert!(error.to_string().contains("--partitions-ahead"), "{error}");
+        let error = RunSettings::resolve(&global(Some("sqlite://o.db")), RunArgs::default(), &file)
+            .unwrap_err();
+        assert!(
+            matches!(error, RunSettingsError::PartitionsNeedPostgres { .. }),
+            "{error}"
+        );
+        let plain = RunSettings::resolve(&postgres, RunArgs::default(), &FileConfig::default());
+        assert_eq!(plain.unwrap().partition_maintenance, None);
     }
 
     #[test]

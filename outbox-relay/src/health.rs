@@ -2,7 +2,7 @@
 //! last check. A relay owning no shards is standing by, and ready.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use crate::metrics;
@@ -11,11 +11,29 @@ use crate::sink::Sink;
 use crate::source::Source;
 
 /// The outcome of the last connection checks.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Health {
     database: AtomicBool,
     broker: AtomicBool,
+    /// A partitioned outbox's whole days from today with partitions; -1
+    /// when the outbox is not partitioned (or not checked yet).
+    partition_days_ahead: AtomicI64,
 }
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            database: AtomicBool::new(false),
+            broker: AtomicBool::new(false),
+            partition_days_ahead: AtomicI64::new(-1),
+        }
+    }
+}
+
+/// Fewer days ahead with partitions than this, and `/readyz` warns (rows
+/// of a day without its partition go to the default partition: nothing
+/// fails, but maintenance is not running).
+pub const MIN_PARTITION_DAYS_AHEAD: i64 = 3;
 
 impl Health {
     /// Whether the last database check succeeded.
@@ -31,6 +49,19 @@ impl Health {
     /// Ready to publish: both reachable.
     pub fn ready(&self) -> bool {
         self.database_up() && self.broker_up()
+    }
+
+    /// A partitioned outbox's whole days from today with partitions, if the
+    /// outbox is partitioned.
+    pub fn partition_days_ahead(&self) -> Option<i64> {
+        let days = self.partition_days_ahead.load(Ordering::Relaxed);
+        (days >= 0).then_some(days)
+    }
+
+    /// Notes a partitioned outbox's whole days from today with partitions.
+    pub fn set_partition_days_ahead(&self, days: i64) {
+        self.partition_days_ahead
+            .store(days.max(0), Ordering::Relaxed);
     }
 }
 

@@ -23,6 +23,7 @@ pub mod health;
 pub mod message;
 pub mod metrics;
 mod nodelay;
+pub mod partitions;
 pub mod progress;
 pub mod record;
 pub mod redact;

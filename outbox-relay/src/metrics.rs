@@ -48,6 +48,12 @@ pub const CDC_READING: &str = "outbox_cdc_reading";
 pub const CDC_BYTES_IN_FLIGHT: &str = "outbox_cdc_bytes_in_flight";
 /// Rows of each transaction CDC mode read (a histogram).
 pub const CDC_TRANSACTION_ROWS: &str = "outbox_cdc_transaction_rows";
+/// A partitioned outbox: whole days from today that have partitions.
+pub const PARTITION_DAYS_AHEAD: &str = "outbox_partition_days_ahead";
+/// A partitioned outbox: rows in the default partition.
+pub const PARTITION_DEFAULT_ROWS: &str = "outbox_partition_default_rows";
+/// A partitioned outbox: day partitions this relay dropped.
+pub const PARTITIONS_DROPPED: &str = "outbox_partitions_dropped_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -109,6 +115,18 @@ pub fn install(sink: &str) -> Result<PrometheusHandle, BuildError> {
     describe_histogram!(
         CDC_TRANSACTION_ROWS,
         "Outbox rows per transaction read from the replication slot (CDC mode)"
+    );
+    describe_gauge!(
+        PARTITION_DAYS_AHEAD,
+        "Whole days from today that have day partitions (partitioned outbox)"
+    );
+    describe_gauge!(
+        PARTITION_DEFAULT_ROWS,
+        "Rows in the default partition, which no day partition covers (partitioned outbox)"
+    );
+    describe_counter!(
+        PARTITIONS_DROPPED,
+        "Day partitions dropped once every row in them was published (partitioned outbox)"
     );
     Ok(handle)
 }
@@ -204,6 +222,18 @@ pub fn record_backlog(pending: i64, oldest_pending_age_seconds: Option<f64>, dea
 /// Records how many shards this relay owns.
 pub fn record_owned_shards(count: usize) {
     gauge!(OWNED_SHARDS).set(count as f64);
+}
+
+/// Records a partitioned outbox's coverage: whole days from today with
+/// partitions, and rows in the default partition.
+pub fn record_partitions(days_ahead: i64, default_rows: i64) {
+    gauge!(PARTITION_DAYS_AHEAD).set(days_ahead as f64);
+    gauge!(PARTITION_DEFAULT_ROWS).set(default_rows as f64);
+}
+
+/// Records day partitions dropped by maintenance.
+pub fn record_partitions_dropped(count: usize) {
+    counter!(PARTITIONS_DROPPED).increment(count as u64);
 }
 
 /// Records the outcome of the connection checks.

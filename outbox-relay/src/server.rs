@@ -50,11 +50,23 @@ async fn render_metrics(State(endpoints): State<Endpoints>) -> String {
 async fn ready(State(endpoints): State<Endpoints>) -> (StatusCode, String) {
     let health = &endpoints.health;
     let state = |up: bool| if up { "up" } else { "down" };
-    let body = format!(
+    let mut body = format!(
         "database {}\nbroker {}\n",
         state(health.database_up()),
         state(health.broker_up())
     );
+    if let Some(days) = health.partition_days_ahead() {
+        body.push_str(&format!("partitions {days} days ahead\n"));
+        if days < crate::health::MIN_PARTITION_DAYS_AHEAD {
+            // A warning, not unreadiness: rows of a day without its
+            // partition go to the default one, and publishing goes on.
+            body.push_str(&format!(
+                "warning: fewer than {} days have partitions; run `outbox-relay partitions \
+                 maintain` or the relay with --partition-maintenance\n",
+                crate::health::MIN_PARTITION_DAYS_AHEAD
+            ));
+        }
+    }
     let code = if health.ready() {
         StatusCode::OK
     } else {

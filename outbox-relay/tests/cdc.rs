@@ -14,7 +14,7 @@ use outbox_tests::events::InvoiceIssuedV2;
 use outbox_tests::http::{get, sample};
 use outbox_tests::kafka::{self, Consumed, PrivateBroker};
 use outbox_tests::process::{RelayProcess, run_to_end};
-use outbox_tests::stream::{append_events, check_stream};
+use outbox_tests::stream::{append_events, check_printed, check_stream};
 use outbox_tests::{Backend, TestDb};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
 
@@ -923,5 +923,101 @@ async fn a_lost_replication_connection_is_reopened() {
         relay.stderr().join("\n")
     );
     drop(relay);
+    cdc.drop().await;
+}
+
+/// Inserts a row by plain SQL created `days` days from now (in a day
+/// partition of a partitioned outbox); returns its id.
+async fn insert_days_ahead(cdc: &CdcDb, aggregate_id: &str, days: u32) -> String {
+    let id = uuid::Uuid::now_v7().to_string();
+    cdc.t
+        .db
+        .execute_unprepared(&format!(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at) \
+             VALUES ('{id}', 'Invoice', '{aggregate_id}', 'InvoiceIssued', '{{}}', \
+             now() + interval '{days} days')"
+        ))
+        .await
+        .unwrap();
+    id
+}
+
+/// Waits until `count` rows are marked published, the relay running.
+async fn wait_marked(cdc: &CdcDb, relay: &mut RelayProcess, count: i64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cdc.t.count("outbox WHERE published_at IS NOT NULL").await < count {
+        assert!(
+            relay.is_running() && Instant::now() < deadline,
+            "{} of {count} rows marked; stderr:\n{}",
+            cdc.t.count("outbox WHERE published_at IS NOT NULL").await,
+            relay.stderr().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `migrate --partitioned` while a CDC relay reads the plain outbox: the
+/// events committed before the conversion (under the plain table's oid),
+/// after it into the old rows' partition, and into a day partition (both
+/// published through the partition root) all arrive, in order, and are
+/// marked; the relay never stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_live_conversion_to_a_partitioned_outbox_loses_no_event() {
+    let cdc = CdcDb::new().await;
+    let mut relay = cdc.relay("127.0.0.1:1", &["--sink", "stdout"]);
+    cdc.wait_reading(None, &relay).await;
+    let mut written = ids_of(&append_events(&cdc.t.db, "inv-conv", 5).await);
+    let (code, _, stderr) = run_to_end(
+        Path::new(RELAY),
+        &["migrate", "--partitioned"],
+        &[("DATABASE_URL", &cdc.t.url)],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    written.extend(ids_of(&append_events(&cdc.t.db, "inv-conv", 5).await));
+    written.push(insert_days_ahead(&cdc, "inv-ahead", 2).await);
+    written.extend(ids_of(&append_events(&cdc.t.db, "inv-conv", 5).await));
+    wait_marked(&cdc, &mut relay, written.len() as i64).await;
+    check_printed(&relay.stdout(), &written);
+    relay.terminate();
+    cdc.drop().await;
+}
+
+/// On an outbox partitioned from the start, CDC mode creates its
+/// publication through the partition root and publishes rows of every
+/// partition; a publication that does not publish through the root is
+/// refused with the statement that fixes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cdc_mode_publishes_a_partitioned_outbox_through_its_root() {
+    let cdc = CdcDb::new().await;
+    let (code, _, stderr) = run_to_end(
+        Path::new(RELAY),
+        &["migrate", "--partitioned"],
+        &[("DATABASE_URL", &cdc.t.url)],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let mut relay = cdc.relay("127.0.0.1:1", &["--sink", "stdout"]);
+    cdc.wait_reading(None, &relay).await;
+    let mut written = ids_of(&append_events(&cdc.t.db, "inv-part", 5).await);
+    written.push(insert_days_ahead(&cdc, "inv-later", 3).await);
+    wait_marked(&cdc, &mut relay, written.len() as i64).await;
+    check_printed(&relay.stdout(), &written);
+    relay.terminate();
+
+    cdc.t
+        .db
+        .execute_unprepared(&format!(
+            "ALTER PUBLICATION {} SET (publish_via_partition_root = false)",
+            cdc.name()
+        ))
+        .await
+        .unwrap();
+    let mut refused = cdc.relay("127.0.0.1:1", &["--sink", "stdout"]);
+    assert_eq!(refused.wait(Duration::from_secs(30)), Some(1));
+    let stderr = refused.stderr().join("\n");
+    assert!(
+        stderr.contains("does not publish through the partition root")
+            && stderr.contains("SET (publish_via_partition_root = true)"),
+        "{stderr}"
+    );
     cdc.drop().await;
 }

@@ -133,3 +133,44 @@ pub fn written_order(written: &[(String, String)]) -> BTreeMap<String, Vec<Strin
     }
     order
 }
+
+/// Checks the JSON lines of a relay's stdout sink against the events
+/// written: every id in `written` was printed, and per key (aggregate id)
+/// the first arrivals of the numbered events (`aggregateSequence`) are 1,
+/// 2, 3, ... with nothing overtaking and no gap (a redelivery may repeat
+/// an earlier event). Returns how many distinct events were printed.
+pub fn check_printed(lines: &[String], written: &[String]) -> usize {
+    let mut ids = HashSet::new();
+    let mut sequences: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for line in lines {
+        let message: serde_json::Value =
+            serde_json::from_str(line).expect("a JSON message per line");
+        let id = message["headers"]["id"].as_str().expect("id header");
+        if !ids.insert(id.to_owned()) {
+            continue;
+        }
+        if let Some(sequence) = message["headers"]["aggregateSequence"].as_str() {
+            let key = message["key"].as_str().expect("a key").to_owned();
+            sequences
+                .entry(key)
+                .or_default()
+                .push(sequence.parse().expect("a numeric aggregateSequence"));
+        }
+    }
+    let missing: Vec<&String> = written.iter().filter(|id| !ids.contains(*id)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} written events never published, e.g. {:?}",
+        missing.len(),
+        written.len(),
+        &missing[..missing.len().min(3)]
+    );
+    for (aggregate, numbers) in &sequences {
+        let expected: Vec<i64> = (1..=numbers.len() as i64).collect();
+        assert_eq!(
+            numbers, &expected,
+            "aggregate {aggregate}: out of order or a gap"
+        );
+    }
+    ids.len()
+}

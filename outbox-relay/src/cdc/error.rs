@@ -63,6 +63,17 @@ pub enum CdcError {
         /// The publication.
         name: String,
     },
+    /// The outbox is partitioned but the publication publishes each
+    /// partition's changes under the partition's own name, which CDC mode
+    /// does not read.
+    #[error(
+        "the outbox is partitioned, but publication {name} does not publish through the \
+         partition root: run `ALTER PUBLICATION {name} SET (publish_via_partition_root = true)`"
+    )]
+    PublicationNotViaRoot {
+        /// The publication.
+        name: String,
+    },
     /// `drop-slot` on a slot a relay reads.
     #[error(
         "replication slot {name} is in use by a running relay (server process {}); stop that \

@@ -57,6 +57,7 @@ use crate::shutdown::Shutdown;
 use crate::sink::{FailureKind, Sink};
 use crate::source::Settlement;
 use crate::source::postgres::PostgresSource;
+use pgoutput::OutboxTable;
 use sessions::{AfterSession, ReaderWatch, SessionEnd, Sessions};
 use stream::{Committed, Delivered, Stream};
 
@@ -241,7 +242,7 @@ impl CdcRelay {
     /// when the server cannot do logical decoding, the slot or publication
     /// cannot be created, the first connection fails, or the sink closed.
     pub async fn run(&self, shutdown: Shutdown) -> Result<(), CdcError> {
-        let (config, outbox_oid) = self.prepare().await?;
+        let (config, outbox) = self.prepare().await?;
         let background = self.spawn_background(&shutdown);
         tracing::info!(
             slot = %self.options.slot,
@@ -260,7 +261,7 @@ impl CdcRelay {
             let end = if sessions.checks_reader() && self.slot_in_use(&mut sessions.watch).await {
                 SessionEnd::SlotInUse
             } else {
-                self.session(&config, outbox_oid, &shutdown).await
+                self.session(&config, &outbox, &shutdown).await
             };
             let pause = match sessions.ended(end) {
                 AfterSession::Stop(outcome) => break outcome,
@@ -284,13 +285,13 @@ impl CdcRelay {
     }
 
     /// Checks the server, creates the publication and slot if missing, and
-    /// returns the replication settings and the outbox table's oid.
-    async fn prepare(&self) -> Result<(ReplicationConfig, u32), CdcError> {
+    /// returns the replication settings and the outbox table.
+    async fn prepare(&self) -> Result<(ReplicationConfig, OutboxTable), CdcError> {
         let pool = self.source.pool();
         slot::check_wal_level(pool).await?;
         slot::ensure_publication(pool, &self.options.publication).await?;
         slot::ensure_slot(pool, &self.options.slot).await?;
-        let outbox_oid = slot::outbox_oid(pool).await?;
+        let outbox = slot::outbox_table(pool).await?;
         let config = slot::replication_config(
             &self.database_url,
             &self.options.slot,
@@ -300,7 +301,7 @@ impl CdcRelay {
         // standby takes silence for a reader that stopped.
         .with_status_interval(self.options.status_interval)
         .with_wakeup_interval(self.options.status_interval);
-        Ok((config, outbox_oid))
+        Ok((config, outbox))
     }
 
     /// Starts retention and the slot gauges, as configured.
@@ -393,7 +394,7 @@ impl CdcRelay {
     async fn session(
         &self,
         config: &ReplicationConfig,
-        outbox_oid: u32,
+        outbox: &OutboxTable,
         shutdown: &Shutdown,
     ) -> SessionEnd {
         let mut client = match ReplicationClient::connect_gated(config.clone()).await {
@@ -426,10 +427,7 @@ impl CdcRelay {
         }
         metrics::record_cdc_reading(true);
         tracing::info!(slot = %config.slot, "reading the replication slot");
-        let end = match self
-            .stream(&mut client, outbox_oid, &ownership, shutdown)
-            .await
-        {
+        let end = match self.stream(&mut client, outbox, &ownership, shutdown).await {
             Ok(end) => end,
             // A standby ended this session's server process and took over.
             Err(_) if ownership.lost().await => SessionEnd::SlotLost,
@@ -447,11 +445,11 @@ impl CdcRelay {
     async fn stream(
         &self,
         client: &mut ReplicationClient,
-        outbox_oid: u32,
+        outbox: &OutboxTable,
         ownership: &Ownership,
         shutdown: &Shutdown,
     ) -> Result<SessionEnd, CdcError> {
-        let mut stream = Stream::new(outbox_oid, self.options.batch_size);
+        let mut stream = Stream::new(outbox.clone(), self.options.batch_size);
         let mut sending: Option<Sending> = None;
         let mut marking: Option<Marking> = None;
         let mut last_message = Instant::now();

@@ -19,18 +19,35 @@ use crate::record::OutboxRecord;
 pub struct DecodeError(String);
 
 /// Turns the change messages of one replication session into records.
+///
+/// The outbox is the relation named `outbox` in its schema, whatever its
+/// oid: converting a plain outbox into a partitioned one (`migrate
+/// --partitioned`) gives the table a new oid, and rows committed before
+/// the conversion still arrive under the old one, named `outbox` as it was
+/// then.
 #[derive(Debug)]
 pub struct Decoder {
-    outbox_oid: u32,
-    columns: Option<Vec<String>>,
+    table: OutboxTable,
+    /// The columns of each relation that is the outbox, by oid.
+    outbox: std::collections::HashMap<u32, Vec<String>>,
+}
+
+/// The outbox table a CDC relay reads: its schema, and its oid when the
+/// relay started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxTable {
+    /// The schema the search path finds it in.
+    pub schema: String,
+    /// Its `pg_class` oid.
+    pub oid: u32,
 }
 
 impl Decoder {
-    /// A decoder for the outbox table with this `pg_class` oid.
-    pub fn new(outbox_oid: u32) -> Self {
+    /// A decoder for `table`.
+    pub fn new(table: OutboxTable) -> Self {
         Self {
-            outbox_oid,
-            columns: None,
+            table,
+            outbox: std::collections::HashMap::new(),
         }
     }
 
@@ -41,8 +58,8 @@ impl Decoder {
         match reader.u8()? {
             b'R' => {
                 let oid = reader.u32()?;
-                let _namespace = reader.string()?;
-                let _name = reader.string()?;
+                let namespace = reader.string()?;
+                let name = reader.string()?;
                 let _replica_identity = reader.u8()?;
                 let count = reader.u16()?;
                 let mut columns = Vec::with_capacity(usize::from(count));
@@ -52,21 +69,28 @@ impl Decoder {
                     let _type_oid = reader.u32()?;
                     let _type_modifier = reader.u32()?;
                 }
-                if oid == self.outbox_oid {
-                    self.columns = Some(columns);
+                if namespace == self.table.schema && name == outbox_contract::table::OUTBOX {
+                    self.outbox.insert(oid, columns);
+                } else {
+                    self.outbox.remove(&oid);
                 }
                 Ok(None)
             }
             b'I' => {
-                if reader.u32()? != self.outbox_oid {
+                // An insert comes after its relation's Relation message in
+                // the session.
+                let oid = reader.u32()?;
+                let Some(columns) = self.outbox.get(&oid) else {
+                    if oid == self.table.oid {
+                        return Err(DecodeError(
+                            "an insert into the outbox table before its relation".into(),
+                        ));
+                    }
                     return Ok(None);
-                }
+                };
                 if reader.u8()? != b'N' {
                     return Err(DecodeError("an insert without a new tuple".into()));
                 }
-                let columns = self.columns.as_ref().ok_or_else(|| {
-                    DecodeError("an insert into the outbox table before its relation".into())
-                })?;
                 let values = reader.tuple()?;
                 if values.len() != columns.len() {
                     return Err(DecodeError(format!(
@@ -182,11 +206,17 @@ fn text(bytes: &[u8]) -> Result<String, DecodeError> {
 pub(crate) mod encode {
     //! pgoutput messages as the server sends them, for tests.
 
-    /// A Relation message describing table `oid` with `columns` (all `text`).
+    /// A Relation message describing table `public.outbox`, oid `oid`,
+    /// with `columns` (all `text`).
     pub(crate) fn relation(oid: u32, columns: &[&str]) -> Vec<u8> {
+        relation_named(oid, "outbox", columns)
+    }
+
+    /// A Relation message describing table `public.<name>`.
+    pub(crate) fn relation_named(oid: u32, name: &str, columns: &[&str]) -> Vec<u8> {
         let mut message = vec![b'R'];
         message.extend(oid.to_be_bytes());
-        message.extend(b"public\0outbox\0");
+        message.extend(format!("public\0{name}\0").as_bytes());
         message.push(b'd');
         message.extend((columns.len() as u16).to_be_bytes());
         for column in columns {
@@ -236,14 +266,52 @@ pub(crate) mod encode {
 
 #[cfg(test)]
 mod tests {
-    use super::encode::{OUTBOX_COLUMNS as COLUMNS, insert, relation};
+    use super::encode::{OUTBOX_COLUMNS as COLUMNS, insert, relation, relation_named};
     use super::*;
 
     const OUTBOX: u32 = 16_400;
 
+    fn table() -> OutboxTable {
+        OutboxTable {
+            schema: "public".into(),
+            oid: OUTBOX,
+        }
+    }
+
+    #[test]
+    fn inserts_under_any_oid_of_the_outbox_are_read() {
+        // A conversion to a partitioned table: rows written before it come
+        // under the plain table's oid, later ones under the new table's.
+        let mut decoder = Decoder::new(table());
+        decoder.decode(&relation(16_001, COLUMNS)).unwrap();
+        decoder.decode(&relation(OUTBOX, COLUMNS)).unwrap();
+        let values = [
+            Some("0190a7e8-0000-7000-8000-000000000001"),
+            Some("Order"),
+            Some("42"),
+            Some("OrderPlaced"),
+            None,
+            Some("7"),
+            Some("1"),
+            None,
+            None,
+            Some("2026-11-29 17:00:00+00"),
+            None,
+        ];
+        for oid in [16_001, OUTBOX] {
+            let record = decoder.decode(&insert(oid, &values)).unwrap();
+            assert_eq!(record.map(|r| r.seq), Some(7), "oid {oid}");
+        }
+        // A relation renamed away from `outbox` is no longer read.
+        decoder
+            .decode(&relation_named(16_001, "outbox_unpartitioned", COLUMNS))
+            .unwrap();
+        assert_eq!(decoder.decode(&insert(16_001, &values)).unwrap(), None);
+    }
+
     #[test]
     fn an_insert_into_the_outbox_becomes_a_record() {
-        let mut decoder = Decoder::new(OUTBOX);
+        let mut decoder = Decoder::new(table());
         assert_eq!(decoder.decode(&relation(OUTBOX, COLUMNS)).unwrap(), None);
         let row = insert(
             OUTBOX,
@@ -278,10 +346,14 @@ mod tests {
 
     #[test]
     fn other_tables_and_other_changes_are_ignored() {
-        let mut decoder = Decoder::new(OUTBOX);
+        let mut decoder = Decoder::new(table());
         decoder.decode(&relation(OUTBOX, COLUMNS)).unwrap();
-        decoder.decode(&relation(99, &["id"])).unwrap();
+        decoder
+            .decode(&relation_named(99, "outbox_other", &["id"]))
+            .unwrap();
         assert_eq!(decoder.decode(&insert(99, &[Some("x")])).unwrap(), None);
+        // Never described in this session: not the outbox.
+        assert_eq!(decoder.decode(&insert(98, &[Some("x")])).unwrap(), None);
         // Update, delete, truncate, type and origin messages.
         for tag in [b'U', b'D', b'T', b'Y', b'O'] {
             assert_eq!(decoder.decode(&[tag, 0, 0, 0x40, 0x10]).unwrap(), None);
@@ -290,7 +362,7 @@ mod tests {
 
     #[test]
     fn malformed_messages_are_errors_not_panics() {
-        let mut decoder = Decoder::new(OUTBOX);
+        let mut decoder = Decoder::new(table());
         let row = insert(OUTBOX, &[Some("x")]);
         assert!(
             decoder

@@ -10,6 +10,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 
 use super::CdcError;
+use super::pgoutput::OutboxTable;
 use crate::redact::redact_url;
 
 /// The default name of the replication slot and of the publication.
@@ -56,18 +57,28 @@ pub async fn check_wal_level(pool: &PgPool) -> Result<(), CdcError> {
     Ok(())
 }
 
-/// The `pg_class` oid of the outbox table the connection's search path finds.
-pub async fn outbox_oid(pool: &PgPool) -> Result<u32, CdcError> {
-    let oid: i64 = sqlx::query_scalar("SELECT 'outbox'::regclass::oid::int8")
-        .fetch_one(pool)
-        .await
-        .map_err(CdcError::database("cannot find the outbox table"))?;
-    u32::try_from(oid).map_err(|_| CdcError::OidOutOfRange { oid })
+/// The outbox table the connection's search path finds: its schema and
+/// `pg_class` oid.
+pub async fn outbox_table(pool: &PgPool) -> Result<OutboxTable, CdcError> {
+    let (schema, oid): (String, i64) = sqlx::query_as(
+        "SELECT n.nspname::text, c.oid::int8 FROM pg_class AS c \
+         JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = 'outbox'::regclass",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(CdcError::database("cannot find the outbox table"))?;
+    let oid = u32::try_from(oid).map_err(|_| CdcError::OidOutOfRange { oid })?;
+    Ok(OutboxTable { schema, oid })
 }
 
 /// Creates the publication of the outbox table's inserts if it is missing;
-/// fails when a publication of that name exists without the table.
+/// fails when a publication of that name exists without the table. A
+/// partitioned outbox is published through its root, so its rows arrive as
+/// the outbox's whatever partition holds them.
 pub async fn ensure_publication(pool: &PgPool, name: &str) -> Result<(), CdcError> {
+    let partitioned = crate::partitions::is_partitioned(pool)
+        .await
+        .map_err(CdcError::database("cannot read the outbox table's kind"))?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
             .bind(name)
@@ -78,8 +89,14 @@ pub async fn ensure_publication(pool: &PgPool, name: &str) -> Result<(), CdcErro
             )))?;
     if !exists {
         // `name` passed check_name: it needs no quoting.
-        let create =
-            format!("CREATE PUBLICATION {name} FOR TABLE outbox WITH (publish = 'insert')");
+        let via_root = if partitioned {
+            ", publish_via_partition_root = true"
+        } else {
+            ""
+        };
+        let create = format!(
+            "CREATE PUBLICATION {name} FOR TABLE outbox WITH (publish = 'insert'{via_root})"
+        );
         match sqlx::query(sqlx::AssertSqlSafe(create)).execute(pool).await {
             Ok(_) => tracing::info!(publication = name, "created the publication"),
             // Another relay created it at the same time.
@@ -91,9 +108,9 @@ pub async fn ensure_publication(pool: &PgPool, name: &str) -> Result<(), CdcErro
             }
         }
     }
-    let covers_outbox: bool = sqlx::query_scalar(
+    let (covers_outbox, via_root): (bool, bool) = sqlx::query_as(
         "SELECT p.puballtables OR EXISTS (SELECT 1 FROM pg_publication_rel AS r \
-         WHERE r.prpubid = p.oid AND r.prrelid = 'outbox'::regclass) \
+         WHERE r.prpubid = p.oid AND r.prrelid = 'outbox'::regclass), p.pubviaroot \
          FROM pg_publication AS p WHERE p.pubname = $1",
     )
     .bind(name)
@@ -104,6 +121,11 @@ pub async fn ensure_publication(pool: &PgPool, name: &str) -> Result<(), CdcErro
     )))?;
     if !covers_outbox {
         return Err(CdcError::PublicationWithoutOutbox {
+            name: name.to_owned(),
+        });
+    }
+    if partitioned && !via_root {
+        return Err(CdcError::PublicationNotViaRoot {
             name: name.to_owned(),
         });
     }

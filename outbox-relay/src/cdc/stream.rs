@@ -31,7 +31,7 @@ use std::collections::VecDeque;
 use pgwire_replication::{Lsn, ReplicationEvent};
 
 use super::CdcError;
-use super::pgoutput::Decoder;
+use super::pgoutput::{Decoder, OutboxTable};
 use crate::record::OutboxRecord;
 
 /// Batches of committed transactions read ahead of the one at the sink.
@@ -125,11 +125,11 @@ pub(crate) struct Stream {
 }
 
 impl Stream {
-    /// A session reading the inserts into the table `outbox_oid`, sending
+    /// A session reading the inserts into the outbox `table`, sending
     /// batches of `batch_size` records (whole transactions) or more.
-    pub(crate) fn new(outbox_oid: u32, batch_size: usize) -> Self {
+    pub(crate) fn new(table: OutboxTable, batch_size: usize) -> Self {
         Self {
-            decoder: Decoder::new(outbox_oid),
+            decoder: Decoder::new(table),
             batch_size,
             transaction: Transaction::Between,
             ready: VecDeque::new(),
@@ -350,10 +350,17 @@ pub(crate) fn batch_end(batch: &[Committed]) -> Lsn {
 
 #[cfg(test)]
 mod tests {
-    use super::super::pgoutput::encode::{OUTBOX_COLUMNS, insert, relation};
+    use super::super::pgoutput::encode::{OUTBOX_COLUMNS, insert, relation, relation_named};
     use super::*;
 
     const OUTBOX: u32 = 16_400;
+
+    fn table() -> OutboxTable {
+        OutboxTable {
+            schema: "public".into(),
+            oid: OUTBOX,
+        }
+    }
 
     fn committed(records: usize, end: u64) -> Committed {
         let record = OutboxRecord {
@@ -470,7 +477,7 @@ mod tests {
 
     #[test]
     fn a_transaction_is_confirmed_only_after_it_is_acknowledged_and_marked() {
-        let mut stream = Stream::new(OUTBOX, 10);
+        let mut stream = Stream::new(table(), 10);
         let mut events = vec![outbox_relation()];
         events.extend(transaction(&["e1", "e2"], 100));
         assert_eq!(feed(&mut stream, events), Vec::<u64>::new());
@@ -491,10 +498,10 @@ mod tests {
 
     #[test]
     fn positions_with_nothing_waiting_are_confirmed_at_once() {
-        let mut stream = Stream::new(OUTBOX, 10);
+        let mut stream = Stream::new(table(), 10);
         assert_eq!(feed(&mut stream, vec![keepalive(10)]), [10]);
         // A transaction that inserted no outbox row.
-        let mut events = vec![begin(), data(relation(99, &["id"]))];
+        let mut events = vec![begin(), data(relation_named(99, "other", &["id"]))];
         events.push(data(insert(99, &[Some("x")])));
         events.push(commit(20));
         assert_eq!(feed(&mut stream, events), [20]);
@@ -514,7 +521,7 @@ mod tests {
 
     #[test]
     fn nothing_is_confirmed_inside_a_transaction() {
-        let mut stream = Stream::new(OUTBOX, 10);
+        let mut stream = Stream::new(table(), 10);
         let events = vec![
             outbox_relation(),
             begin(),
@@ -530,7 +537,7 @@ mod tests {
 
     #[test]
     fn a_position_read_behind_a_waiting_transaction_extends_it() {
-        let mut stream = Stream::new(OUTBOX, 10);
+        let mut stream = Stream::new(table(), 10);
         let mut events = vec![outbox_relation()];
         events.extend(transaction(&["e1"], 100));
         events.push(keepalive(180));
@@ -541,7 +548,7 @@ mod tests {
 
     #[test]
     fn acknowledged_batches_are_marked_one_at_a_time_in_order() {
-        let mut stream = Stream::new(OUTBOX, 1);
+        let mut stream = Stream::new(table(), 1);
         let mut events = vec![outbox_relation()];
         events.extend(transaction(&["e1"], 100));
         events.extend(transaction(&["e2"], 200));
@@ -563,7 +570,7 @@ mod tests {
 
     #[test]
     fn an_idle_position_waits_for_every_batch_before_it() {
-        let mut stream = Stream::new(OUTBOX, 1);
+        let mut stream = Stream::new(table(), 1);
         let mut events = vec![outbox_relation()];
         events.extend(transaction(&["e1"], 100));
         feed(&mut stream, events);
@@ -589,7 +596,7 @@ mod tests {
 
     #[test]
     fn reading_stops_while_a_few_batches_wait_for_the_sink() {
-        let mut stream = Stream::new(OUTBOX, 2);
+        let mut stream = Stream::new(table(), 2);
         feed(&mut stream, vec![outbox_relation()]);
         let mut end = 100;
         while stream.reads() {
@@ -603,7 +610,7 @@ mod tests {
 
     #[test]
     fn an_insert_outside_a_transaction_is_an_error() {
-        let mut stream = Stream::new(OUTBOX, 10);
+        let mut stream = Stream::new(table(), 10);
         feed(&mut stream, vec![outbox_relation()]);
         let error = stream.received(outbox_insert("e1")).unwrap_err();
         assert!(
@@ -616,7 +623,7 @@ mod tests {
 
     #[test]
     fn at_shutdown_the_acknowledged_batches_are_left_to_mark_in_order() {
-        let mut stream = Stream::new(OUTBOX, 1);
+        let mut stream = Stream::new(table(), 1);
         let mut events = vec![outbox_relation()];
         events.extend(transaction(&["e1"], 100));
         events.extend(transaction(&["e2"], 200));
@@ -646,7 +653,7 @@ mod tests {
 
     #[test]
     fn a_large_transaction_is_sent_in_pieces_and_confirmed_at_its_commit() {
-        let mut stream = Stream::new(OUTBOX, 100_000);
+        let mut stream = Stream::new(table(), 100_000);
         feed(&mut stream, vec![outbox_relation(), begin()]);
         let ids: Vec<String> = (0..2 * PIECE_RECORDS + 5)
             .map(|n| format!("e{n}"))
@@ -673,7 +680,7 @@ mod tests {
 
     #[test]
     fn a_commit_after_every_piece_was_sent_waits_for_the_last_mark() {
-        let mut stream = Stream::new(OUTBOX, 100_000);
+        let mut stream = Stream::new(table(), 100_000);
         feed(&mut stream, vec![outbox_relation(), begin()]);
         for n in 0..PIECE_RECORDS {
             feed(&mut stream, vec![outbox_insert(&format!("e{n}"))]);
@@ -689,7 +696,7 @@ mod tests {
 
     #[test]
     fn reading_stops_at_the_byte_bound_whatever_the_batch_size() {
-        let mut stream = Stream::new(OUTBOX, 100_000);
+        let mut stream = Stream::new(table(), 100_000);
         feed(&mut stream, vec![outbox_relation(), begin()]);
         let payload = "x".repeat(1 << 20);
         let mut rows = 0;

@@ -1,0 +1,535 @@
+//! The day partitions of a partitioned outbox (PostgreSQL; `outbox-relay
+//! migrate --partitioned`): what `partitions` lists, and the maintenance
+//! that creates the coming days' partitions and drops past days whose rows
+//! are all published.
+//!
+//! Creating partitions is the database's own function
+//! (`outbox_create_partitions`, from the migration), so that the plain SQL
+//! files, the SeaORM migration and the relay create them alike; it also
+//! moves the rows the default partition caught into their day's partition.
+//! Dropping is here: a partition is dropped only under the outbox's
+//! exclusive lock, after checking that it holds no pending and no
+//! dead-lettered row, so no row can become pending in it between the check
+//! and the drop. That lock is waited for a short time only
+//! ([`DROP_LOCK_TIMEOUT`]); a partition it could not get is left for the
+//! next maintenance, and said so.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, PgPool, Row};
+
+use crate::config::PartitionMaintenance;
+use crate::health::{Health, MIN_PARTITION_DAYS_AHEAD};
+use crate::metrics;
+use crate::shutdown::Shutdown;
+
+/// How long a drop waits for the outbox's exclusive lock (writers queue
+/// behind a waiting drop for at most this long).
+pub const DROP_LOCK_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// The advisory lock (key, slot) one maintenance holds at a time, in the
+/// family of the wake-up slots ([`crate::contract::wakeup::LOCK_KEY`]).
+pub const MAINTENANCE_LOCK: (i32, i32) = (crate::contract::wakeup::LOCK_KEY, 100);
+
+/// Why listing or maintaining partitions failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PartitionError {
+    /// The outbox is a plain table.
+    #[error(
+        "the outbox table is not partitioned; run `outbox-relay migrate --partitioned` to \
+         partition it by day"
+    )]
+    NotPartitioned,
+    /// A query failed.
+    #[error("{what} failed: {source}")]
+    Query {
+        /// What was being done.
+        what: &'static str,
+        /// The database's error.
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+impl PartitionError {
+    fn query(what: &'static str) -> impl FnOnce(sqlx::Error) -> Self {
+        move |source| Self::Query { what, source }
+    }
+}
+
+/// One partition of the outbox.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Partition {
+    /// Its table's name (`outbox_pYYYYMMDD`, `outbox_default`, or
+    /// `outbox_unpartitioned` for the rows of a converted plain outbox).
+    pub name: String,
+    /// Where its range starts (`None`: unbounded, or the default partition).
+    pub from: Option<DateTime<Utc>>,
+    /// Where its range ends, exclusive (`None`: unbounded, or default).
+    pub to: Option<DateTime<Utc>>,
+    /// Whether it is the default partition, which takes rows no day
+    /// partition covers.
+    pub default: bool,
+    /// Its rows: the planner's estimate when the partition was analyzed
+    /// (`rows_estimated`), else counted.
+    pub rows: i64,
+    /// Whether `rows` is an estimate.
+    pub rows_estimated: bool,
+    /// Its pending rows, counted.
+    pub pending: i64,
+    /// Its dead-lettered rows, counted.
+    pub dead_letters: i64,
+    /// Its size on disk with indexes, in bytes.
+    pub bytes: i64,
+}
+
+/// The partitions of the outbox, in range order, the default one last.
+pub async fn list(pool: &PgPool) -> Result<Vec<Partition>, PartitionError> {
+    check_partitioned(pool).await?;
+    let rows = sqlx::query(
+        "SELECT p.name, p.lower_bound, p.upper_bound, p.is_default, \
+           c.reltuples::bigint AS estimate, pg_total_relation_size(c.oid) AS bytes \
+         FROM outbox_partitions() AS p JOIN pg_class AS c ON c.oid = to_regclass(p.name)",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(PartitionError::query("listing the outbox's partitions"))?;
+    let mut partitions = Vec::with_capacity(rows.len());
+    for row in rows {
+        let name: String = row.get("name");
+        let estimate: i64 = row.get("estimate");
+        let (pending, dead_letters) = unpublished(pool, &name).await?;
+        let (rows, rows_estimated) = if estimate >= 0 {
+            (estimate.max(pending + dead_letters), true)
+        } else {
+            (count(pool, &name).await?, false)
+        };
+        partitions.push(Partition {
+            name,
+            from: row.get("lower_bound"),
+            to: row.get("upper_bound"),
+            default: row.get("is_default"),
+            rows,
+            rows_estimated,
+            pending,
+            dead_letters,
+            bytes: row.get("bytes"),
+        });
+    }
+    Ok(partitions)
+}
+
+/// The ranges of the day partitions of `partitions` (not the default one).
+pub fn ranges(partitions: &[Partition]) -> Vec<Range> {
+    partitions
+        .iter()
+        .filter(|partition| !partition.default)
+        .map(|partition| Range {
+            from: partition.from,
+            to: partition.to,
+        })
+        .collect()
+}
+
+/// A partition's range of creation times (`None`: unbounded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct Range {
+    /// Where it starts.
+    #[sqlx(rename = "lower_bound")]
+    pub from: Option<DateTime<Utc>>,
+    /// Where it ends, exclusive.
+    #[sqlx(rename = "upper_bound")]
+    pub to: Option<DateTime<Utc>>,
+}
+
+/// Whole days from the start of today (UTC) that the `ranges` of day
+/// partitions cover without a hole: 0 when today has none.
+pub fn days_ahead(ranges: &[Range], now: DateTime<Utc>) -> i64 {
+    let day = chrono::Duration::days(1);
+    let mut covered_to = now
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight exists")
+        .and_utc();
+    let start = covered_to;
+    loop {
+        let next = ranges.iter().find(|range| {
+            range.from.is_none_or(|from| from <= covered_to)
+                && range.to.is_none_or(|to| to > covered_to)
+        });
+        match next.and_then(|p| p.to) {
+            Some(to) => covered_to = to,
+            None if next.is_some() => return i64::MAX,
+            None => break,
+        }
+        if covered_to - start > day * 36_600 {
+            break;
+        }
+    }
+    (covered_to - start).num_days()
+}
+
+/// How far a partitioned outbox's day partitions reach, read cheaply (the
+/// catalog, and a count of the default partition, normally empty): whole
+/// days from today with partitions, and rows in the default partition.
+pub async fn coverage(pool: &PgPool) -> Result<(i64, i64), PartitionError> {
+    let what = "reading the outbox's partitions";
+    let ranges: Vec<Range> = sqlx::query_as(
+        "SELECT lower_bound, upper_bound FROM outbox_partitions() WHERE NOT is_default",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(PartitionError::query(what))?;
+    let default_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_default")
+        .fetch_one(pool)
+        .await
+        .map_err(PartitionError::query(what))?;
+    Ok((days_ahead(&ranges, Utc::now()), default_rows))
+}
+
+/// Keeps a partitioned outbox while the relay runs: every `check` it
+/// reads how far the partitions reach (the `outbox_partition_*` gauges and
+/// `/readyz`), and with `maintenance` it maintains them every
+/// `maintenance.interval` (the first time at once). Failures are logged
+/// and tried again at the next turn; nothing here stops the relay.
+pub async fn keep(
+    pool: PgPool,
+    maintenance: Option<PartitionMaintenance>,
+    health: Option<Arc<Health>>,
+    check: Duration,
+    shutdown: Shutdown,
+) {
+    let mut next_maintenance = Instant::now();
+    let mut warned = false;
+    loop {
+        if let Some(maintenance) = &maintenance
+            && Instant::now() >= next_maintenance
+        {
+            next_maintenance = Instant::now() + maintenance.interval;
+            let retain = maintenance.retain.unwrap_or(Duration::MAX);
+            match maintain(&pool, retain, maintenance.ahead).await {
+                Ok(done) => log_maintenance(&done),
+                Err(error) => {
+                    tracing::warn!(%error, "partition maintenance failed; trying again next interval")
+                }
+            }
+        }
+        match coverage(&pool).await {
+            Ok((days, default_rows)) => {
+                metrics::record_partitions(days, default_rows);
+                if let Some(health) = &health {
+                    health.set_partition_days_ahead(days);
+                }
+                let short = days < MIN_PARTITION_DAYS_AHEAD;
+                if short && !warned {
+                    tracing::warn!(
+                        days_ahead = days,
+                        "fewer than {MIN_PARTITION_DAYS_AHEAD} days have outbox partitions; \
+                         rows of later days go to the default partition until maintenance \
+                         creates theirs (`outbox-relay partitions maintain`, or \
+                         --partition-maintenance)"
+                    );
+                }
+                warned = short;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "reading the outbox's partitions failed");
+            }
+        }
+        let wait = match &maintenance {
+            Some(_) => check.min(next_maintenance.saturating_duration_since(Instant::now())),
+            None => check,
+        };
+        tokio::select! {
+            () = shutdown.requested() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+fn log_maintenance(done: &Maintenance) {
+    metrics::record_partitions_dropped(done.dropped.len());
+    let dropped: Vec<&str> = done.dropped.iter().map(|d| d.name.as_str()).collect();
+    tracing::info!(
+        created = done.created,
+        dropped = ?dropped,
+        "maintained the outbox's partitions"
+    );
+    for kept in &done.kept {
+        tracing::info!(
+            partition = %kept.name,
+            pending = kept.pending,
+            dead_letters = kept.dead_letters,
+            "kept a partition past the retention: {}",
+            kept.reason
+        );
+    }
+    if done.default_rows > 0 {
+        tracing::warn!(
+            rows = done.default_rows,
+            "rows stay in outbox_default: no day partition can hold their creation time"
+        );
+    }
+}
+
+/// What one maintenance did.
+#[derive(Debug, Default, Clone, PartialEq, Serialize)]
+pub struct Maintenance {
+    /// Partitions created (the coming days, and days whose rows waited in
+    /// the default partition).
+    pub created: i64,
+    /// Partitions dropped, each with the rows it held.
+    pub dropped: Vec<Dropped>,
+    /// Partitions past the retention kept because rows in them are not
+    /// published, or because the outbox's lock was not free in time.
+    pub kept: Vec<Kept>,
+    /// Rows left in the default partition (a creation time no day can
+    /// hold, such as `infinity`).
+    pub default_rows: i64,
+}
+
+/// A partition maintenance dropped.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Dropped {
+    /// Its name.
+    pub name: String,
+    /// The published rows it held (the planner's estimate when known).
+    pub rows: i64,
+}
+
+/// A partition past the retention that maintenance kept.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Kept {
+    /// Its name.
+    pub name: String,
+    /// Its pending rows.
+    pub pending: i64,
+    /// Its dead-lettered rows.
+    pub dead_letters: i64,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// Creates the partitions of today and the `ahead` days after it (and of
+/// days whose rows wait in the default partition), then drops each day
+/// partition that ended more than `retain` ago and holds only published
+/// rows, oldest first.
+pub async fn maintain(
+    pool: &PgPool,
+    retain: Duration,
+    ahead: u32,
+) -> Result<Maintenance, PartitionError> {
+    check_partitioned(pool).await?;
+    let created: i32 = sqlx::query_scalar("SELECT outbox_create_partitions($1)")
+        .bind(i32::try_from(ahead).unwrap_or(i32::MAX))
+        .fetch_one(pool)
+        .await
+        .map_err(PartitionError::query(
+            "creating the outbox's day partitions",
+        ))?;
+    let mut maintenance = Maintenance {
+        created: i64::from(created),
+        ..Maintenance::default()
+    };
+    let retain = chrono::Duration::from_std(retain).unwrap_or(chrono::Duration::MAX);
+    let cutoff = Utc::now()
+        .checked_sub_signed(retain)
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
+    for partition in list(pool).await? {
+        if partition.default {
+            maintenance.default_rows = partition.rows;
+            continue;
+        }
+        if partition.to.is_none_or(|to| to > cutoff) {
+            continue;
+        }
+        match drop_if_published(pool, &partition.name).await? {
+            Outcome::Dropped => maintenance.dropped.push(Dropped {
+                name: partition.name,
+                rows: partition.rows,
+            }),
+            Outcome::Unpublished {
+                pending,
+                dead_letters,
+            } => maintenance.kept.push(Kept {
+                name: partition.name,
+                pending,
+                dead_letters,
+                reason: "rows in it are not published".into(),
+            }),
+            Outcome::Busy => maintenance.kept.push(Kept {
+                name: partition.name,
+                pending: partition.pending,
+                dead_letters: partition.dead_letters,
+                reason: format!(
+                    "the outbox's lock was not free within {}; next maintenance tries again",
+                    humantime::format_duration(DROP_LOCK_TIMEOUT)
+                ),
+            }),
+        }
+    }
+    Ok(maintenance)
+}
+
+/// What became of a partition maintenance meant to drop.
+enum Outcome {
+    Dropped,
+    Unpublished { pending: i64, dead_letters: i64 },
+    Busy,
+}
+
+/// Drops `partition` if it holds neither pending nor dead-lettered rows,
+/// checked under the outbox's exclusive lock (so nothing can make a row of
+/// it pending before the drop).
+async fn drop_if_published(pool: &PgPool, partition: &str) -> Result<Outcome, PartitionError> {
+    let what = "dropping a published day partition";
+    let mut tx = pool.begin().await.map_err(PartitionError::query(what))?;
+    sqlx::query("SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2, $3)")
+        .bind(format!("{}ms", DROP_LOCK_TIMEOUT.as_millis()))
+        .bind(MAINTENANCE_LOCK.0)
+        .bind(MAINTENANCE_LOCK.1)
+        .execute(&mut *tx)
+        .await
+        .map_err(PartitionError::query(what))?;
+    match sqlx::query("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+    {
+        Ok(_) => {}
+        // 55P03: lock_not_available (the lock timeout).
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {
+            return Ok(Outcome::Busy);
+        }
+        Err(error) => return Err(PartitionError::query(what)(error)),
+    }
+    let (pending, dead_letters) = unpublished(&mut *tx, partition).await?;
+    if pending > 0 || dead_letters > 0 {
+        return Ok(Outcome::Unpublished {
+            pending,
+            dead_letters,
+        });
+    }
+    // `partition` comes from the catalog: quoted as an identifier.
+    sqlx::query(AssertSqlSafe(format!(
+        "DROP TABLE {}",
+        quote_ident(partition)
+    )))
+    .execute(&mut *tx)
+    .await
+    .map_err(PartitionError::query(what))?;
+    tx.commit().await.map_err(PartitionError::query(what))?;
+    Ok(Outcome::Dropped)
+}
+
+/// The pending and the dead-lettered rows of `partition` (both read
+/// through partial indexes).
+async fn unpublished<'c, E>(executor: E, partition: &str) -> Result<(i64, i64), PartitionError>
+where
+    E: sqlx::PgExecutor<'c>,
+{
+    let table = quote_ident(partition);
+    sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT (SELECT count(*) FROM {table} \
+                 WHERE published_at IS NULL AND dead_lettered_at IS NULL), \
+                (SELECT count(*) FROM {table} WHERE dead_lettered_at IS NOT NULL)"
+    )))
+    .fetch_one(executor)
+    .await
+    .map_err(PartitionError::query(
+        "counting a partition's unpublished rows",
+    ))
+}
+
+/// The rows of `partition`, counted.
+async fn count(pool: &PgPool, partition: &str) -> Result<i64, PartitionError> {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        quote_ident(partition)
+    )))
+    .fetch_one(pool)
+    .await
+    .map_err(PartitionError::query("counting a partition's rows"))
+}
+
+/// Fails with [`PartitionError::NotPartitioned`] unless the outbox the
+/// search path finds is a partitioned table.
+async fn check_partitioned(pool: &PgPool) -> Result<(), PartitionError> {
+    let partitioned = is_partitioned(pool)
+        .await
+        .map_err(PartitionError::query("reading the outbox table's kind"))?;
+    if partitioned {
+        Ok(())
+    } else {
+        Err(PartitionError::NotPartitioned)
+    }
+}
+
+/// Whether the outbox the search path finds is a partitioned table (false
+/// when there is none).
+pub async fn is_partitioned(pool: &PgPool) -> Result<bool, sqlx::Error> {
+    let kind: Option<String> = sqlx::query_scalar(
+        "SELECT c.relkind::text FROM pg_class AS c WHERE c.oid = to_regclass('outbox')",
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(kind.as_deref() == Some("p"))
+}
+
+/// `name` as a PostgreSQL identifier, quoted.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn day(text: &str) -> DateTime<Utc> {
+        format!("{text}T00:00:00Z").parse().unwrap()
+    }
+
+    fn partition(from: Option<&str>, to: Option<&str>) -> Partition {
+        Partition {
+            name: "p".into(),
+            from: from.map(day),
+            to: to.map(day),
+            default: false,
+            rows: 0,
+            rows_estimated: false,
+            pending: 0,
+            dead_letters: 0,
+            bytes: 0,
+        }
+    }
+
+    fn days_ahead_of(partitions: &[Partition], now: DateTime<Utc>) -> i64 {
+        days_ahead(&ranges(partitions), now)
+    }
+
+    #[test]
+    fn days_ahead_counts_unbroken_days_from_today() {
+        let now = "2026-12-03T13:00:00Z".parse().unwrap();
+        let days = [
+            partition(None, Some("2026-12-04")),
+            partition(Some("2026-12-04"), Some("2026-12-05")),
+            partition(Some("2026-12-05"), Some("2026-12-06")),
+            // a hole on the 6th
+            partition(Some("2026-12-07"), Some("2026-12-08")),
+        ];
+        assert_eq!(days_ahead_of(&days, now), 3);
+        assert_eq!(days_ahead_of(&days[1..], now), 0);
+        let mut default = partition(None, None);
+        default.default = true;
+        assert_eq!(days_ahead_of(&[default], now), 0);
+    }
+
+    #[test]
+    fn identifiers_are_quoted() {
+        assert_eq!(quote_ident("outbox_p20261203"), "\"outbox_p20261203\"");
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+    }
+}
