@@ -20,21 +20,38 @@ pub enum RowState {
     Published,
 }
 
-/// Inserts `count` rows spread round-robin over `aggregates` aggregates.
+/// Inserts `count` rows spread round-robin over `aggregates` aggregates;
+/// published rows were written and published a day ago.
 pub async fn load(
     pool: &PgPool,
     count: usize,
     aggregates: usize,
     state: RowState,
 ) -> Result<(), sqlx::Error> {
+    load_over_days(pool, count, aggregates, state, 1).await
+}
+
+/// As [`load`], the rows written 1 to `days` days ago, round-robin (one
+/// day partition each on a partitioned outbox): published history of
+/// `days` days.
+pub async fn load_over_days(
+    pool: &PgPool,
+    count: usize,
+    aggregates: usize,
+    state: RowState,
+    days: usize,
+) -> Result<(), sqlx::Error> {
     let aggregates = aggregates.max(1);
+    let days = days.max(1);
     for start in (0..count).step_by(ROWS_PER_STATEMENT) {
         let end = (start + ROWS_PER_STATEMENT).min(count);
         let mut ids = Vec::with_capacity(end - start);
         let mut aggregate_ids = Vec::with_capacity(end - start);
         let mut payloads = Vec::with_capacity(end - start);
         let mut sequences = Vec::with_capacity(end - start);
+        let mut ages = Vec::with_capacity(end - start);
         for n in start..end {
+            ages.push((n % days) as i32 + 1);
             ids.push(Uuid::now_v7());
             aggregate_ids.push((n % aggregates).to_string());
             payloads
@@ -45,16 +62,17 @@ pub async fn load(
             "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, event_version, \
                aggregate_seq, created_at, published_at) \
              SELECT id, 'Order', aggregateid, 'OrderPlaced', payload::jsonb, 1, aggregate_seq, \
-               CASE WHEN $5 THEN now() - interval '1 day' ELSE now() END, \
-               CASE WHEN $5 THEN now() - interval '1 day' END \
-             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int8[]) \
-               AS t(id, aggregateid, payload, aggregate_seq)",
+               CASE WHEN $5 THEN now() - make_interval(days => age) ELSE now() END, \
+               CASE WHEN $5 THEN now() - make_interval(days => age) END \
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int8[], $6::int4[]) \
+               AS t(id, aggregateid, payload, aggregate_seq, age)",
         )
         .bind(&ids)
         .bind(&aggregate_ids)
         .bind(&payloads)
         .bind(&sequences)
         .bind(state == RowState::Published)
+        .bind(&ages)
         .execute(pool)
         .await?;
     }

@@ -463,8 +463,10 @@ fn maintenance_lines(done: &Maintenance) -> String {
     let mut lines = format!("created {} partitions\n", done.created);
     for dropped in &done.dropped {
         lines.push_str(&format!(
-            "dropped {} ({} published rows)\n",
-            dropped.name, dropped.rows
+            "dropped {} ({} published rows) in {} ms\n",
+            dropped.name,
+            dropped.rows,
+            (dropped.seconds * 1000.0).round()
         ));
     }
     for kept in &done.kept {

@@ -299,6 +299,8 @@ pub struct Dropped {
     pub name: String,
     /// The published rows it held (the planner's estimate when known).
     pub rows: i64,
+    /// How long the drop took, from waiting for the lock to the commit.
+    pub seconds: f64,
 }
 
 /// A partition past the retention that maintenance kept.
@@ -347,10 +349,12 @@ pub async fn maintain(
         if partition.to.is_none_or(|to| to > cutoff) {
             continue;
         }
+        let started = Instant::now();
         match drop_if_published(pool, &partition.name).await? {
             Outcome::Dropped => maintenance.dropped.push(Dropped {
                 name: partition.name,
                 rows: partition.rows,
+                seconds: started.elapsed().as_secs_f64(),
             }),
             Outcome::Unpublished {
                 pending,
@@ -395,10 +399,13 @@ async fn drop_if_published(pool: &PgPool, partition: &str) -> Result<Outcome, Pa
         .execute(&mut *tx)
         .await
         .map_err(PartitionError::query(what))?;
-    match sqlx::query("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *tx)
-        .await
-    {
+    // The root (which every insert through it needs) and this partition
+    // only, not every other partition.
+    let lock = format!(
+        "LOCK TABLE ONLY outbox, {} IN ACCESS EXCLUSIVE MODE",
+        quote_ident(partition)
+    );
+    match sqlx::query(AssertSqlSafe(lock)).execute(&mut *tx).await {
         Ok(_) => {}
         // 55P03: lock_not_available (the lock timeout).
         Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {

@@ -115,6 +115,14 @@ struct Options {
     /// Partitions of the topics the relay creates.
     #[arg(long, default_value_t = 1)]
     topic_partitions: i32,
+    /// Partition the outbox by day (`outbox-relay migrate --partitioned`),
+    /// with a partition for each day of the history.
+    #[arg(long)]
+    partitioned: bool,
+    /// Days the published history of the history and latency parts spans
+    /// (one partition each with `--partitioned`).
+    #[arg(long, default_value_t = 30)]
+    history_days: usize,
     /// Print the results as JSON on standard output (the readable report
     /// then goes to standard error).
     #[arg(long)]
@@ -477,11 +485,12 @@ impl Bench {
         progress!("history: empty table measured");
 
         load::truncate(&self.pool).await?;
-        load::load(
+        load::load_over_days(
             &self.pool,
             self.options.history_rows,
             self.options.aggregates,
             RowState::Published,
+            self.options.history_days,
         )
         .await
         .context("loading published history")?;
@@ -517,11 +526,12 @@ impl Bench {
             "--rate and --writers must be positive"
         );
         load::truncate(&self.pool).await?;
-        load::load(
+        load::load_over_days(
             &self.pool,
             options.latency_history_rows,
             options.aggregates,
             RowState::Published,
+            options.history_days,
         )
         .await
         .context("loading published history")?;
@@ -826,12 +836,35 @@ async fn main() -> anyhow::Result<()> {
         .context("connecting to the Kafka-API broker (start it with `scripts/kafka.sh start`)")?,
     );
     let schema = TestDb::new(Backend::Postgres).await;
+    if options.partitioned {
+        partition(&schema, options.history_days).await?;
+    }
     let machine = Machine::describe(&schema.db).await?;
     progress!("{machine}");
     let outcome = run(&options, &schema, kafka, machine).await;
     schema.drop().await;
     let results = outcome?;
     report::emit(options.json, &results.render(), &results)
+}
+
+/// Partitions the schema's outbox by day, with partitions for the past
+/// `days` days (UTC) too.
+async fn partition(schema: &TestDb, days: usize) -> anyhow::Result<()> {
+    use sea_orm::ConnectionTrait;
+    use sea_orm_migration::MigratorTrait;
+    outbox_migrations::PartitionedMigrator::up(&schema.db, None)
+        .await
+        .context("partitioning the outbox")?;
+    schema
+        .db
+        .execute_unprepared(&format!(
+            "SELECT outbox_create_day_partition((now() AT TIME ZONE 'UTC')::date - d) \
+             FROM generate_series(1, {days}) AS d"
+        ))
+        .await
+        .context("creating the past days' partitions")?;
+    progress!("outbox partitioned by day, {days} past days");
+    Ok(())
 }
 
 async fn run(
