@@ -5,8 +5,9 @@
 //! here run exactly those files. Add [`CreateOutbox`],
 //! [`CreateRelayShards`] and (for consumers) [`CreateInbox`] and
 //! [`CreateInboxGaps`] to your own `sea-orm-migration` migrator, or run
-//! [`Migrator`] on its own. On PostgreSQL, [`PartitionOutbox`] (or
-//! [`PartitionedMigrator`]) partitions the outbox by day:
+//! [`Migrator`] on its own. On PostgreSQL and MariaDB/MySQL,
+//! [`PartitionOutbox`] (or [`PartitionedMigrator`]) partitions the outbox
+//! by day:
 //!
 //! ```no_run
 //! use outbox_migrations::Migrator;
@@ -40,6 +41,16 @@ impl Sql {
             _ => "",
         }
     }
+}
+
+macro_rules! sql_files_without_sqlite {
+    ($name:literal) => {
+        Sql {
+            postgres: include_str!(concat!("../sql/postgres/", $name)),
+            mysql: include_str!(concat!("../sql/mysql/", $name)),
+            sqlite: "",
+        }
+    };
 }
 
 macro_rules! sql_files {
@@ -239,14 +250,13 @@ impl MigrationTrait for RelaySessions {
     }
 }
 
-/// PostgreSQL: makes the outbox a table partitioned by day on
-/// `created_at`, so that retention drops whole days
+/// PostgreSQL and MariaDB/MySQL: makes the outbox a table partitioned by
+/// day on `created_at`, so that retention drops whole days
 /// (`outbox-relay partitions maintain`) instead of deleting rows. Not in
 /// [`Migrator`]: run [`PartitionedMigrator`], or add this after the other
 /// outbox migrations of your own migrator. An existing plain outbox is
-/// converted in place, its rows kept (see the SQL file's header for what
-/// that costs). MariaDB/MySQL and SQLite refuse it with an error that says
-/// so.
+/// converted in place, its rows kept (see the SQL files' headers for what
+/// that costs). SQLite refuses it with an error that says so.
 pub struct PartitionOutbox;
 
 impl MigrationName for PartitionOutbox {
@@ -258,40 +268,34 @@ impl MigrationName for PartitionOutbox {
 #[async_trait]
 impl MigrationTrait for PartitionOutbox {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        only_on_postgres(manager)?;
-        run_on_postgres(
+        run_partitioned(
             manager,
-            include_str!("../sql/postgres/0008_partition_outbox.up.sql"),
+            &sql_files_without_sqlite!("0008_partition_outbox.up.sql"),
         )
         .await
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        only_on_postgres(manager)?;
-        run_on_postgres(
+        run_partitioned(
             manager,
-            include_str!("../sql/postgres/0008_partition_outbox.down.sql"),
+            &sql_files_without_sqlite!("0008_partition_outbox.down.sql"),
         )
         .await
     }
 }
 
-/// The error of [`PartitionOutbox`] on a database other than PostgreSQL.
-fn only_on_postgres(manager: &SchemaManager<'_>) -> Result<(), DbErr> {
-    match manager.get_database_backend() {
-        DbBackend::Postgres => Ok(()),
-        DbBackend::Sqlite => Err(DbErr::Migration(
-            "a day-partitioned outbox needs PostgreSQL: SQLite has no table partitioning; \
-             keep the plain outbox and delete published rows with `outbox-relay cleanup`"
-                .to_owned(),
-        )),
-        _ => Err(DbErr::Migration(
-            "a day-partitioned outbox is available on PostgreSQL only for now; on \
-             MariaDB/MySQL keep the plain outbox and delete published rows with \
+/// Runs a migration of the partitioned outbox; on SQLite, an error that
+/// says why there is none.
+async fn run_partitioned(manager: &SchemaManager<'_>, sql: &Sql) -> Result<(), DbErr> {
+    if manager.get_database_backend() == DbBackend::Sqlite {
+        return Err(DbErr::Migration(
+            "a day-partitioned outbox needs PostgreSQL or MariaDB/MySQL: SQLite has no table \
+             partitioning; keep the plain outbox and delete published rows with \
              `outbox-relay cleanup`"
                 .to_owned(),
-        )),
+        ));
     }
+    run(manager, sql).await
 }
 
 /// Runs `script` on MariaDB/MySQL; nothing elsewhere.
@@ -336,7 +340,7 @@ impl MigratorTrait for Migrator {
 }
 
 /// [`Migrator`]'s migrations, then [`PartitionOutbox`]: the outbox
-/// partitioned by day (PostgreSQL). Same history table as [`Migrator`];
+/// partitioned by day (PostgreSQL, MariaDB/MySQL). Same history table as [`Migrator`];
 /// once it ran, run this one, not [`Migrator`] (which would find a
 /// migration it does not know in the history and stop).
 pub struct PartitionedMigrator;

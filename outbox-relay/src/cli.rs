@@ -63,8 +63,8 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Create or update the outbox tables
     Migrate(MigrateArgs),
-    /// List the day partitions of a partitioned outbox (PostgreSQL), or
-    /// maintain them
+    /// List the day partitions of a partitioned outbox (PostgreSQL,
+    /// MariaDB/MySQL), or maintain them
     Partitions(PartitionsArgs),
     /// Show pending, published and dead-lettered row counts
     Status(StatusArgs),
@@ -291,7 +291,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_cleanup: bool,
 
-    /// A partitioned outbox (PostgreSQL): every --cleanup-interval, create
+    /// A partitioned outbox: every --cleanup-interval, create
     /// the coming days' partitions and drop the days past --retention whose
     /// rows are all published, instead of deleting rows (with --no-cleanup,
     /// only create)
@@ -355,7 +355,8 @@ pub struct StatusArgs {
 /// Options of `migrate`.
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
-    /// Partition the outbox by day on its creation time (PostgreSQL), so
+    /// Partition the outbox by day on its creation time (PostgreSQL,
+    /// MariaDB/MySQL), so
     /// that retention drops whole days (`partitions maintain`); converts
     /// an existing plain outbox in place, keeping its rows
     #[arg(long)]

@@ -76,12 +76,12 @@ pub enum CommandError {
     /// `cdc drop-slot` on a database other than PostgreSQL.
     #[error("replication slots exist on PostgreSQL only; the database URL is not postgres://")]
     NotPostgres,
-    /// `partitions` on a database other than PostgreSQL.
+    /// `partitions` on SQLite.
     #[error(
-        "a day-partitioned outbox is available on PostgreSQL only for now; the database URL is \
-         not postgres://"
+        "a day-partitioned outbox needs PostgreSQL or MariaDB/MySQL; SQLite has no table \
+         partitioning"
     )]
-    PartitionsNeedPostgres,
+    PartitionsNeedServer,
     /// Listing or maintaining partitions failed.
     #[error(transparent)]
     Partitions(#[from] PartitionError),
@@ -287,27 +287,24 @@ async fn relay_from(
     outcome
 }
 
-/// On PostgreSQL with a partitioned outbox, starts keeping its partitions
-/// (see [`partitions::keep`]); returns the source whose pool it uses, to
-/// close at the end. `--partition-maintenance` on a plain outbox fails
+/// With a partitioned outbox, starts keeping its partitions (see
+/// [`partitions::keep`]); returns the store it uses, to close at the end. `--partition-maintenance` on a plain outbox fails
 /// here, before anything is published.
 async fn keep_partitions(
     settings: &RunSettings,
     health: Option<Arc<Health>>,
     shutdown: &Shutdown,
-) -> Result<Option<source::postgres::PostgresSource>, CommandError> {
-    if Backend::of(&settings.database_url) != Some(Backend::Postgres) {
+) -> Result<Option<Arc<dyn partitions::Store>>, CommandError> {
+    let Some(store) = partitions::connect(&settings.database_url).await? else {
         return Ok(None);
-    }
-    let source = source::connect_postgres(&settings.database_url, SourceOptions::default()).await?;
-    let partitioned = partitions::is_partitioned(source.pool())
+    };
+    let store: Arc<dyn partitions::Store> = Arc::from(store);
+    let partitioned = store
+        .is_partitioned()
         .await
-        .map_err(|source| PartitionError::Query {
-            what: "reading the outbox table's kind",
-            source,
-        })?;
+        .map_err(PartitionError::query("reading the outbox table's kind"))?;
     if !partitioned {
-        source.close().await;
+        store.close().await;
         return match settings.partition_maintenance {
             Some(_) => Err(PartitionError::NotPartitioned.into()),
             None => Ok(None),
@@ -319,13 +316,13 @@ async fn keep_partitions(
         (None, None) => Duration::from_secs(3600),
     };
     tokio::spawn(partitions::keep(
-        source.pool().clone(),
+        store.clone(),
         settings.partition_maintenance.clone(),
         health,
         check,
         shutdown.clone(),
     ));
-    Ok(Some(source))
+    Ok(Some(store))
 }
 
 async fn migrate(url: &str, args: &MigrateArgs) -> Result<(), CommandError> {
@@ -370,20 +367,24 @@ async fn migrate(url: &str, args: &MigrateArgs) -> Result<(), CommandError> {
     Ok(())
 }
 
-/// Whether `db` is PostgreSQL with a partitioned outbox.
+/// Whether `db` holds a partitioned outbox.
 async fn is_partitioned(db: &sea_orm::DatabaseConnection) -> bool {
-    use sea_orm::ConnectionTrait;
-    if db.get_database_backend() != sea_orm::DbBackend::Postgres {
-        return false;
-    }
-    let kind = db
-        .query_one_raw(sea_orm::Statement::from_string(
-            sea_orm::DbBackend::Postgres,
-            "SELECT c.relkind::text AS kind FROM pg_class AS c \
-             WHERE c.oid = to_regclass('outbox')",
-        ))
-        .await;
-    matches!(kind, Ok(Some(row)) if row.try_get::<String>("", "kind").is_ok_and(|kind| kind == "p"))
+    use sea_orm::{ConnectionTrait, DbBackend, Statement};
+    let backend = db.get_database_backend();
+    let sql = match backend {
+        DbBackend::Postgres => {
+            "SELECT (COUNT(*) > 0)::int8 AS partitioned FROM pg_class AS c \
+             WHERE c.oid = to_regclass('outbox') AND c.relkind = 'p'"
+        }
+        DbBackend::MySql => {
+            "SELECT CAST(COUNT(*) > 0 AS SIGNED) AS partitioned FROM information_schema.partitions \
+             WHERE table_schema = DATABASE() AND table_name = 'outbox' \
+               AND partition_name IS NOT NULL"
+        }
+        _ => return false,
+    };
+    let row = db.query_one_raw(Statement::from_string(backend, sql)).await;
+    matches!(row, Ok(Some(row)) if row.try_get::<i64>("", "partitioned").is_ok_and(|p| p > 0))
 }
 
 async fn partitions(
@@ -391,14 +392,22 @@ async fn partitions(
     args: &PartitionsArgs,
     maintenance: Option<((Duration, u32), bool)>,
 ) -> Result<(), CommandError> {
-    if Backend::of(url) != Some(Backend::Postgres) {
-        return Err(CommandError::PartitionsNeedPostgres);
-    }
-    let source = source::connect_postgres(url, SourceOptions::default()).await?;
-    let pool = source.pool();
+    let Some(store) = partitions::connect(url).await? else {
+        return Err(CommandError::PartitionsNeedServer);
+    };
+    let done = partitions_with(store.as_ref(), args, maintenance).await;
+    store.close().await;
+    done
+}
+
+async fn partitions_with(
+    store: &dyn partitions::Store,
+    args: &PartitionsArgs,
+    maintenance: Option<((Duration, u32), bool)>,
+) -> Result<(), CommandError> {
     match maintenance {
         Some(((retain, ahead), json)) => {
-            let done = partitions::maintain(pool, retain, ahead).await?;
+            let done = partitions::maintain(store, retain, ahead).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&done)?);
             } else {
@@ -406,7 +415,7 @@ async fn partitions(
             }
         }
         None => {
-            let list = partitions::list(pool).await?;
+            let list = partitions::list(store).await?;
             let ahead = partitions::days_ahead(&partitions::ranges(&list), chrono::Utc::now());
             if args.json {
                 let json = serde_json::json!({ "partitions": list, "days_ahead": ahead });

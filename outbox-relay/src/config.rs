@@ -114,15 +114,12 @@ pub enum RunSettingsError {
         /// (anything else may be a connection string with a password).
         scheme: String,
     },
-    /// Partition maintenance on a database other than PostgreSQL.
+    /// Partition maintenance on SQLite.
     #[error(
-        "--partition-maintenance keeps a day-partitioned outbox, available on PostgreSQL only \
-         for now, but the database is {scheme}; use the periodic cleanup"
+        "--partition-maintenance keeps a day-partitioned outbox, which needs PostgreSQL or \
+         MariaDB/MySQL, but the database is sqlite; use the periodic cleanup"
     )]
-    PartitionsNeedPostgres {
-        /// The URL's scheme, as for [`Self::CdcNeedsPostgres`].
-        scheme: String,
-    },
+    PartitionsNeedServer,
 }
 
 /// The optional TOML file: every key is optional.
@@ -528,7 +525,7 @@ impl RunSettings {
     }
 }
 
-/// `--partition-maintenance` with its retention (`--retention`, none with
+/// `--partition-maintenance` (PostgreSQL, MariaDB/MySQL) with its retention (`--retention`, none with
 /// `--no-cleanup`), interval (`--cleanup-interval`) and `--partitions-ahead`.
 fn partition_maintenance(
     database_url: &str,
@@ -538,11 +535,8 @@ fn partition_maintenance(
     if !(args.partition_maintenance || file.partition_maintenance.unwrap_or(false)) {
         return Ok(None);
     }
-    if Backend::of(database_url) != Some(Backend::Postgres) {
-        let scheme = crate::database::scheme(database_url).unwrap_or("not PostgreSQL");
-        return Err(RunSettingsError::PartitionsNeedPostgres {
-            scheme: scheme.to_owned(),
-        });
+    if Backend::of(database_url) == Some(Backend::Sqlite) {
+        return Err(RunSettingsError::PartitionsNeedServer);
     }
     let ahead = checked_count(
         given(
@@ -1232,7 +1226,7 @@ mod tests {
         let error = RunSettings::resolve(&global(Some("sqlite://o.db")), RunArgs::default(), &file)
             .unwrap_err();
         assert!(
-            matches!(error, RunSettingsError::PartitionsNeedPostgres { .. }),
+            matches!(error, RunSettingsError::PartitionsNeedServer),
             "{error}"
         );
         let plain = RunSettings::resolve(&postgres, RunArgs::default(), &FileConfig::default());

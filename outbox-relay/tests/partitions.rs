@@ -1,5 +1,5 @@
-//! The day-partitioned outbox (PostgreSQL): `migrate --partitioned` on a
-//! new and on a live plain outbox, writers (SeaORM and plain SQL) and the
+//! The day-partitioned outbox (PostgreSQL, MariaDB): `migrate
+//! --partitioned` on a new and on a live plain outbox, writers (SeaORM and plain SQL) and the
 //! relay working on it unchanged, rows at the edges of days, and
 //! maintenance that drops a past day only once every row in it is
 //! published. What the relay published is read from its standard output
@@ -38,14 +38,19 @@ fn partitions(t: &TestDb) -> Value {
     serde_json::from_str(&stdout).expect("partitions --json prints JSON")
 }
 
-/// `partitions maintain --retain 3d --json`, again while it reports a
+/// `partitions maintain --retain 3d --json`.
+fn maintain(t: &TestDb) -> Value {
+    maintain_retaining(t, "3d")
+}
+
+/// `partitions maintain --retain <retain> --json`, again while it reports a
 /// partition kept for want of the outbox's lock (a relay's claim may hold
 /// it for a moment; maintenance then leaves that day for the next run).
-fn maintain(t: &TestDb) -> Value {
+fn maintain_retaining(t: &TestDb, retain: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (code, stdout, stderr) =
-            relay_command(t, &["partitions", "maintain", "--retain", "3d", "--json"]);
+            relay_command(t, &["partitions", "maintain", "--retain", retain, "--json"]);
         assert_eq!(code, 0, "{stderr}");
         let done: Value =
             serde_json::from_str(&stdout).expect("partitions maintain --json prints JSON");
@@ -69,22 +74,44 @@ fn names(list: &Value, key: &str) -> Vec<String> {
         .collect()
 }
 
-/// The partition of a day `offset` days from today (UTC).
+/// The PostgreSQL partition of a day `offset` days from today (UTC).
 fn day_partition(offset: i64) -> String {
+    format!("outbox_{}", mariadb_day(offset))
+}
+
+/// The MariaDB partition of a day `offset` days from today (UTC).
+fn mariadb_day(offset: i64) -> String {
     let today = Utc::now().date_naive();
     let day = if offset >= 0 {
         today.checked_add_days(Days::new(offset as u64))
     } else {
         today.checked_sub_days(Days::new(offset.unsigned_abs()))
     };
-    format!("outbox_p{}", day.expect("a day").format("%Y%m%d"))
+    format!("p{}", day.expect("a day").format("%Y%m%d"))
+}
+
+/// SQL for `days` days before now, on `t`'s backend.
+fn days_ago(t: &TestDb, days: i64) -> String {
+    match t.backend {
+        Backend::MySql => format!("UTC_TIMESTAMP(6) - INTERVAL {days} DAY"),
+        _ => format!("now() - interval '{days} days'"),
+    }
+}
+
+/// SQL for the instant `at`, on `t`'s backend (MariaDB's `DATETIME`
+/// holds UTC).
+fn instant(t: &TestDb, at: chrono::DateTime<Utc>) -> String {
+    match t.backend {
+        Backend::MySql => format!("'{}'", at.format("%Y-%m-%d %H:%M:%S%.6f")),
+        _ => format!("'{}'", at.to_rfc3339()),
+    }
 }
 
 /// Inserts a row by plain SQL (Debezium's five columns and `created_at`,
 /// an SQL expression), dead-lettered if asked; returns its id.
 async fn insert_at(t: &TestDb, aggregate_id: &str, created_at: &str, dead: bool) -> String {
     let id = uuid::Uuid::now_v7().to_string();
-    let dead_lettered_at = if dead { "now()" } else { "NULL" };
+    let dead_lettered_at = if dead { "CURRENT_TIMESTAMP" } else { "NULL" };
     t.db.execute_unprepared(&format!(
         "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at, \
          dead_lettered_at) VALUES ('{id}', 'Ledger', '{aggregate_id}', 'LedgerPosted', \
@@ -97,6 +124,17 @@ async fn insert_at(t: &TestDb, aggregate_id: &str, created_at: &str, dead: bool)
 
 /// The partition holding row `id`.
 async fn partition_of(t: &TestDb, id: &str) -> String {
+    if t.backend == Backend::MySql {
+        for name in names(&partitions(t), "partitions") {
+            if t.count(&format!("outbox PARTITION ({name}) WHERE id = '{id}'"))
+                .await
+                > 0
+            {
+                return name;
+            }
+        }
+        panic!("row {id} is gone");
+    }
     let row =
         t.db.query_one_raw(sea_orm::Statement::from_string(
             t.db_backend(),
@@ -108,10 +146,11 @@ async fn partition_of(t: &TestDb, id: &str) -> String {
     row.try_get_by_index(0).expect("partition name")
 }
 
-async fn table_exists(t: &TestDb, name: &str) -> bool {
-    t.count(&format!("pg_class WHERE oid = to_regclass('{name}')"))
-        .await
-        > 0
+/// Whether partition `name` exists.
+async fn partition_exists(t: &TestDb, name: &str) -> bool {
+    names(&partitions(t), "partitions")
+        .iter()
+        .any(|n| n == name)
 }
 
 /// Waits until no row is pending, the relay still running.
@@ -123,14 +162,19 @@ async fn wait_until_drained(t: &TestDb, relay: &mut RelayProcess) {
             let rows =
                 t.db.query_all_raw(sea_orm::Statement::from_string(
                     t.db_backend(),
-                    "SELECT aggregateid || ' seq ' || seq || ' in ' || tableoid::regclass::text \
-                     FROM outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL",
+                    "SELECT aggregateid, seq FROM outbox \
+                     WHERE published_at IS NULL AND dead_lettered_at IS NULL",
                 ))
                 .await
                 .expect("pending rows");
-            let rows: Vec<String> = rows
+            let rows: Vec<(String, i64)> = rows
                 .iter()
-                .map(|row| row.try_get_by_index(0).expect("text"))
+                .map(|row| {
+                    (
+                        row.try_get_by_index(0).expect("aggregateid"),
+                        row.try_get_by_index(1).expect("seq"),
+                    )
+                })
                 .collect();
             panic!(
                 "rows still pending: {rows:?}; ownership: {}; relay stderr:\n{}",
@@ -208,7 +252,7 @@ async fn maintenance_drops_a_past_day_only_once_every_row_in_it_is_published() {
     let kept = &second["kept"];
     assert_eq!(kept[0]["pending"].as_i64(), Some(1), "{second}");
     assert_eq!(kept[1]["dead_letters"].as_i64(), Some(1), "{second}");
-    assert!(!table_exists(&t, &day_partition(-10)).await);
+    assert!(!partition_exists(&t, &day_partition(-10)).await);
     assert_eq!(partition_of(&t, &late).await, day_partition(-9));
     assert_eq!(partition_of(&t, &dead).await, day_partition(-8));
 
@@ -228,10 +272,96 @@ async fn maintenance_drops_a_past_day_only_once_every_row_in_it_is_published() {
     t.drop().await;
 }
 
+/// MariaDB: the rows of a converted outbox are in its first partition,
+/// `p_before`; maintenance keeps it while one of them is dead-lettered or
+/// pending and drops it once all are published; a row older than every
+/// partition then lands in the next one, never failing.
 #[tokio::test(flavor = "multi_thread")]
-async fn rows_at_the_edges_of_days_and_far_ahead_are_kept_and_published() {
-    let t = TestDb::new(Backend::Postgres).await;
+async fn mariadb_maintenance_drops_the_first_partition_only_once_every_row_in_it_is_published() {
+    let t = TestDb::new(Backend::MySql).await;
+    let mut written = Vec::new();
+    for (aggregate, days) in [("old-10", 10), ("old-9", 9)] {
+        written.push(insert_at(&t, aggregate, &days_ago(&t, days), false).await);
+    }
+    let dead = insert_at(&t, "old-8", &days_ago(&t, 8), true).await;
+    written.push(dead.clone());
     migrate_partitioned(&t);
+    let listed = partitions(&t);
+    let all = names(&listed, "partitions");
+    for name in ["p_before", &mariadb_day(0), &mariadb_day(7), "p_future"] {
+        assert!(all.iter().any(|n| n == name), "{name} in {all:?}");
+    }
+    assert!(listed["days_ahead"].as_i64().unwrap() >= 8, "{listed}");
+    assert_eq!(partition_of(&t, &written[0]).await, "p_before");
+
+    let mut relay = RelayProcess::spawn(
+        Path::new(RELAY),
+        &["run", "--sink", "stdout", "--poll-interval", "100ms"],
+        &[("DATABASE_URL", &t.url)],
+    );
+    for aggregate in ["inv-a", "inv-b"] {
+        let appended = append_events(&t.db, aggregate, 10).await;
+        written.extend(appended.iter().map(|event| event.id.to_string()));
+    }
+    wait_until_drained(&t, &mut relay).await;
+    let first = maintain_retaining(&t, "0s");
+    assert!(names(&first, "dropped").is_empty(), "{first}");
+    assert_eq!(names(&first, "kept"), ["p_before"], "{first}");
+    assert_eq!(
+        first["kept"][0]["dead_letters"].as_i64(),
+        Some(1),
+        "{first}"
+    );
+
+    // Re-driven, the dead letter is published; paused, the relay leaves a
+    // new old row pending, which keeps the partition.
+    let (code, _, stderr) = relay_command(&t, &["retry"]);
+    assert_eq!(code, 0, "{stderr}");
+    wait_until_drained(&t, &mut relay).await;
+    relay.signal("STOP");
+    let late = insert_at(&t, "old-9", &days_ago(&t, 9), false).await;
+    written.push(late.clone());
+    let second = maintain_retaining(&t, "0s");
+    assert!(names(&second, "dropped").is_empty(), "{second}");
+    assert_eq!(second["kept"][0]["pending"].as_i64(), Some(1), "{second}");
+    assert_eq!(partition_of(&t, &late).await, "p_before");
+
+    relay.signal("CONT");
+    wait_until_drained(&t, &mut relay).await;
+    let third = maintain_retaining(&t, "0s");
+    assert_eq!(names(&third, "dropped"), ["p_before"], "{third}");
+    assert!(!partition_exists(&t, "p_before").await);
+    let older = insert_at(&t, "old-20", &days_ago(&t, 20), false).await;
+    written.push(older.clone());
+    assert_eq!(partition_of(&t, &older).await, mariadb_day(0));
+    wait_until_drained(&t, &mut relay).await;
+
+    relay.terminate();
+    check_printed(&relay.stdout(), &written);
+    t.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_at_the_edges_of_days_and_far_ahead_are_kept_and_published_postgres() {
+    rows_at_the_edges_of_days_and_far_ahead(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_at_the_edges_of_days_and_far_ahead_are_kept_and_published_mariadb() {
+    rows_at_the_edges_of_days_and_far_ahead(Backend::MySql).await;
+}
+
+/// Rows at 23:59:59.999 and at midnight land in their own days; rows far
+/// ahead never fail: PostgreSQL's default partition takes them and
+/// maintenance gives each its day (`infinity` stays); MariaDB's `p_future`
+/// keeps them. All are published.
+async fn rows_at_the_edges_of_days_and_far_ahead(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    migrate_partitioned(&t);
+    let (day_name, catch_all) = match backend {
+        Backend::MySql => (mariadb_day as fn(i64) -> String, "p_future"),
+        _ => (day_partition as fn(i64) -> String, "outbox_default"),
+    };
     let day = |offset: u64| {
         Utc::now()
             .date_naive()
@@ -242,51 +372,71 @@ async fn rows_at_the_edges_of_days_and_far_ahead_are_kept_and_published() {
         .and_time(NaiveTime::from_hms_milli_opt(23, 59, 59, 999).unwrap())
         .and_utc();
     let midnight = day(4).and_time(NaiveTime::MIN).and_utc();
-    let at = |time: chrono::DateTime<Utc>| format!("'{}'", time.to_rfc3339());
-    let before_midnight = insert_at(&t, "edge", &at(last_instant), false).await;
-    let at_midnight = insert_at(&t, "edge", &at(midnight), false).await;
-    let in_a_month = insert_at(
-        &t,
-        "far",
-        &at(day(40).and_time(NaiveTime::MIN).and_utc()),
-        false,
-    )
-    .await;
-    let far = insert_at(&t, "far", "'2999-06-01 12:00:00+00'", false).await;
-    let infinite = insert_at(&t, "far", "'infinity'", false).await;
-    assert_eq!(partition_of(&t, &before_midnight).await, day_partition(3));
-    assert_eq!(partition_of(&t, &at_midnight).await, day_partition(4));
-    for id in [&in_a_month, &far, &infinite] {
-        assert_eq!(partition_of(&t, id).await, "outbox_default");
+    let in_a_month_at = day(40).and_time(NaiveTime::MIN).and_utc();
+    let far_at: chrono::DateTime<Utc> = "2999-06-01T12:00:00Z".parse().unwrap();
+    let before_midnight = insert_at(&t, "edge", &instant(&t, last_instant), false).await;
+    let at_midnight = insert_at(&t, "edge", &instant(&t, midnight), false).await;
+    let in_a_month = insert_at(&t, "far", &instant(&t, in_a_month_at), false).await;
+    let far = insert_at(&t, "far", &instant(&t, far_at), false).await;
+    let mut written = vec![
+        before_midnight.clone(),
+        at_midnight.clone(),
+        in_a_month.clone(),
+        far.clone(),
+    ];
+    assert_eq!(partition_of(&t, &before_midnight).await, day_name(3));
+    assert_eq!(partition_of(&t, &at_midnight).await, day_name(4));
+    for id in [&in_a_month, &far] {
+        assert_eq!(partition_of(&t, id).await, catch_all);
     }
 
-    let done = maintain(&t);
-    assert_eq!(done["created"].as_i64(), Some(2), "{done}");
-    assert_eq!(done["default_rows"].as_i64(), Some(1), "{done}");
-    assert_eq!(partition_of(&t, &in_a_month).await, day_partition(40));
-    assert_eq!(partition_of(&t, &far).await, "outbox_p29990601");
-    assert_eq!(partition_of(&t, &infinite).await, "outbox_default");
+    if backend == Backend::Postgres {
+        let infinite = insert_at(&t, "far", "'infinity'", false).await;
+        written.push(infinite.clone());
+        let done = maintain(&t);
+        assert_eq!(done["created"].as_i64(), Some(2), "{done}");
+        assert_eq!(done["default_rows"].as_i64(), Some(1), "{done}");
+        assert_eq!(partition_of(&t, &in_a_month).await, day_partition(40));
+        assert_eq!(partition_of(&t, &far).await, "outbox_p29990601");
+        assert_eq!(partition_of(&t, &infinite).await, catch_all);
+    } else {
+        let done = maintain(&t);
+        assert_eq!(done["created"].as_i64(), Some(0), "{done}");
+        assert_eq!(done["default_rows"].as_i64(), Some(2), "{done}");
+        assert_eq!(partition_of(&t, &in_a_month).await, catch_all);
+    }
 
     let (code, stdout, stderr) = relay_command(&t, &["run", "--drain", "--sink", "stdout"]);
     assert_eq!(code, 0, "{stderr}");
     let lines: Vec<String> = stdout.lines().map(str::to_owned).collect();
-    check_printed(
-        &lines,
-        &[before_midnight, at_midnight, in_a_month, far, infinite],
-    );
+    check_printed(&lines, &written);
     assert_eq!(t.pending().await, 0);
 
     // The table listing reads the same partitions.
     let (code, table, stderr) = relay_command(&t, &["partitions"]);
     assert_eq!(code, 0, "{stderr}");
-    assert!(table.contains("outbox_p29990601"), "{table}");
+    assert!(table.contains(&day_name(4)), "{table}");
+    assert!(table.contains(catch_all), "{table}");
     assert!(table.contains("days from today have partitions"), "{table}");
     t.drop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_live_plain_outbox_converts_without_losing_or_reordering_an_event() {
-    let t = TestDb::new(Backend::Postgres).await;
+async fn a_live_plain_outbox_converts_without_losing_or_reordering_an_event_postgres() {
+    a_live_plain_outbox_converts(Backend::Postgres, "outbox_unpartitioned").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_plain_outbox_converts_without_losing_or_reordering_an_event_mariadb() {
+    a_live_plain_outbox_converts(Backend::MySql, "p_before").await;
+}
+
+/// `migrate --partitioned` while writers append to a few aggregates and a
+/// relay publishes: every event arrives, each aggregate in order, and the
+/// rows written before are in the partition `earlier` of all that came
+/// before.
+async fn a_live_plain_outbox_converts(backend: Backend, earlier: &str) {
+    let t = TestDb::new(backend).await;
     let mut written: Vec<String> = Vec::new();
     for aggregate in ["acct-0", "acct-1"] {
         let appended = append_events(&t.db, aggregate, 10).await;
@@ -336,7 +486,7 @@ async fn a_live_plain_outbox_converts_without_losing_or_reordering_an_event() {
 
     let listed = partitions(&t);
     assert!(
-        names(&listed, "partitions").contains(&"outbox_unpartitioned".to_owned()),
+        names(&listed, "partitions").contains(&earlier.to_owned()),
         "{listed}"
     );
     assert_eq!(t.count("outbox").await, written.len() as i64);
@@ -371,17 +521,40 @@ async fn wait_for_endpoints(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_running_relay_warns_when_days_run_short_and_maintains_them_when_asked() {
-    let t = TestDb::new(Backend::Postgres).await;
+async fn the_running_relay_warns_when_days_run_short_and_maintains_them_when_asked_postgres() {
+    the_running_relay_keeps_partitions(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_running_relay_warns_when_days_run_short_and_maintains_them_when_asked_mariadb() {
+    the_running_relay_keeps_partitions(Backend::MySql).await;
+}
+
+/// With only today and tomorrow partitioned, `/readyz` warns and the
+/// gauges say so; with `--partition-maintenance` the relay creates the
+/// coming days, publishes an old row and then drops the partition that
+/// held it.
+async fn the_running_relay_keeps_partitions(backend: Backend) {
+    let t = TestDb::new(backend).await;
     migrate_partitioned(&t);
-    // Only today and tomorrow have partitions; an old day's rows wait in
-    // the default partition.
-    for offset in 2..=7 {
-        t.db.execute_unprepared(&format!("DROP TABLE {}", day_partition(offset)))
-            .await
-            .unwrap();
-    }
-    let old = insert_at(&t, "old-10", "now() - interval '10 days'", false).await;
+    let coming: Vec<String> = (2..=7)
+        .map(|offset| match backend {
+            Backend::MySql => mariadb_day(offset),
+            _ => day_partition(offset),
+        })
+        .collect();
+    let drop = match backend {
+        Backend::MySql => format!("ALTER TABLE outbox DROP PARTITION {}", coming.join(", ")),
+        _ => format!("DROP TABLE {}", coming.join(", ")),
+    };
+    t.db.execute_unprepared(&drop).await.unwrap();
+    // PostgreSQL: in the default partition until maintenance gives its day
+    // one; MariaDB: in the first partition, which holds every earlier row.
+    let old = insert_at(&t, "old-10", &days_ago(&t, 10), false).await;
+    let (old_partition, waiting) = match backend {
+        Backend::MySql => ("p_before".to_owned(), 0.0),
+        _ => (day_partition(-10), 1.0),
+    };
     let addr = format!("127.0.0.1:{}", free_port());
     let env = [("DATABASE_URL", t.url.as_str())];
     let watching = [
@@ -403,7 +576,10 @@ async fn the_running_relay_warns_when_days_run_short_and_maintains_them_when_ask
         "{ready}"
     );
     assert_eq!(sample(&metrics, "outbox_partition_days_ahead"), Some(2.0));
-    assert_eq!(sample(&metrics, "outbox_partition_default_rows"), Some(1.0));
+    assert_eq!(
+        sample(&metrics, "outbox_partition_default_rows"),
+        Some(waiting)
+    );
     relay.terminate();
     let mut printed = relay.stdout();
 
@@ -411,7 +587,7 @@ async fn the_running_relay_warns_when_days_run_short_and_maintains_them_when_ask
     maintaining.extend([
         "--partition-maintenance",
         "--retention",
-        "3d",
+        "0s",
         "--cleanup-interval",
         "1s",
     ]);
@@ -423,67 +599,72 @@ async fn the_running_relay_warns_when_days_run_short_and_maintains_them_when_ask
     .await;
     assert!(!ready.contains("warning"), "{ready}");
     assert_eq!(sample(&metrics, "outbox_partition_default_rows"), Some(0.0));
-    // The old day got its partition, its row was published, then the day
-    // was dropped whole.
-    assert!(!table_exists(&t, &day_partition(-10)).await);
+    // The old row's partition was dropped whole once it was published;
+    // today's stays.
+    assert!(!partition_exists(&t, &old_partition).await);
     assert_eq!(t.count(&format!("outbox WHERE id = '{old}'")).await, 0);
     relay.terminate();
     printed.extend(relay.stdout());
     check_printed(&printed, &[old]);
+    // An insert older than every partition still lands somewhere.
+    insert_at(&t, "old-20", &days_ago(&t, 20), false).await;
     t.drop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn partitions_are_refused_where_they_cannot_work() {
-    let plain = TestDb::new(Backend::Postgres).await;
+    for backend in [Backend::Postgres, Backend::MySql] {
+        let plain = TestDb::new(backend).await;
+        for args in [
+            &["partitions"][..],
+            &["partitions", "maintain"],
+            &["run", "--sink", "stdout", "--partition-maintenance"],
+        ] {
+            assert_refused(
+                Path::new(RELAY),
+                args,
+                &[("DATABASE_URL", &plain.url)],
+                1,
+                "error: the outbox table is not partitioned; run `outbox-relay migrate \
+                 --partitioned`",
+                "\u{0}",
+            );
+        }
+        plain.drop().await;
+    }
+    let t = TestDb::new(Backend::Sqlite).await;
+    let env = [("DATABASE_URL", t.url.as_str())];
     assert_refused(
         Path::new(RELAY),
-        &["partitions"],
-        &[("DATABASE_URL", &plain.url)],
+        &["migrate", "--partitioned"],
+        &env,
         1,
-        "error: the outbox table is not partitioned; run `outbox-relay migrate --partitioned`",
+        "error: migrating",
+        "\u{0}",
+    );
+    let (_, _, stderr) = relay_command(&t, &["migrate", "--partitioned"]);
+    assert!(
+        stderr.contains("needs PostgreSQL or MariaDB/MySQL: SQLite has no table partitioning"),
+        "{stderr}"
+    );
+    assert_refused(
+        Path::new(RELAY),
+        &["partitions", "maintain"],
+        &env,
+        1,
+        "error: a day-partitioned outbox needs PostgreSQL or MariaDB/MySQL",
         "\u{0}",
     );
     assert_refused(
         Path::new(RELAY),
         &["run", "--sink", "stdout", "--partition-maintenance"],
-        &[("DATABASE_URL", &plain.url)],
+        &env,
         1,
-        "error: the outbox table is not partitioned",
+        "error: --partition-maintenance keeps a day-partitioned outbox",
         "\u{0}",
     );
-    plain.drop().await;
-    for backend in [Backend::Sqlite, Backend::MySql] {
-        let t = TestDb::new(backend).await;
-        assert_refused(
-            Path::new(RELAY),
-            &["migrate", "--partitioned"],
-            &[("DATABASE_URL", &t.url)],
-            1,
-            "error: migrating",
-            "\u{0}",
-        );
-        let (_, _, stderr) = relay_command(&t, &["migrate", "--partitioned"]);
-        assert!(stderr.contains("day-partitioned outbox"), "{stderr}");
-        assert_refused(
-            Path::new(RELAY),
-            &["partitions", "maintain"],
-            &[("DATABASE_URL", &t.url)],
-            1,
-            "error: a day-partitioned outbox is available on PostgreSQL only",
-            "\u{0}",
-        );
-        assert_refused(
-            Path::new(RELAY),
-            &["run", "--sink", "stdout", "--partition-maintenance"],
-            &[("DATABASE_URL", &t.url)],
-            1,
-            "error: --partition-maintenance keeps a day-partitioned outbox",
-            "\u{0}",
-        );
-        // The plain outbox still works.
-        let (code, _, stderr) = relay_command(&t, &["migrate"]);
-        assert_eq!(code, 0, "{stderr}");
-        t.drop().await;
-    }
+    // The plain outbox still works.
+    let (code, _, stderr) = relay_command(&t, &["migrate"]);
+    assert_eq!(code, 0, "{stderr}");
+    t.drop().await;
 }

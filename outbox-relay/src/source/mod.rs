@@ -436,6 +436,15 @@ pub async fn connect_postgres(
     postgres::PostgresSource::open(url, options).await
 }
 
+/// Connects to a MariaDB/MySQL database (partition maintenance) and
+/// checks its outbox table.
+pub async fn connect_mysql(
+    url: &str,
+    options: SourceOptions,
+) -> Result<mysql::MySqlSource, SourceError> {
+    mysql::MySqlSource::open(url, options).await
+}
+
 /// Shard owners, or none when the shard table does not exist (yet).
 pub(crate) fn owners_or_none(
     owners: Result<Vec<ShardOwner>, sqlx::Error>,

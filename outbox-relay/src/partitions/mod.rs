@@ -1,38 +1,88 @@
-//! The day partitions of a partitioned outbox (PostgreSQL; `outbox-relay
-//! migrate --partitioned`): what `partitions` lists, and the maintenance
-//! that creates the coming days' partitions and drops past days whose rows
-//! are all published.
+//! The day partitions of a partitioned outbox (PostgreSQL, MariaDB/MySQL;
+//! `outbox-relay migrate --partitioned`): what `partitions` lists, and the
+//! maintenance that creates the coming days' partitions and drops past
+//! days whose rows are all published.
 //!
-//! Creating partitions is the database's own function
-//! (`outbox_create_partitions`, from the migration), so that the plain SQL
-//! files, the SeaORM migration and the relay create them alike; it also
-//! moves the rows the default partition caught into their day's partition.
-//! Dropping is here: a partition is dropped only under the outbox's
-//! exclusive lock, after checking that it holds no pending and no
-//! dead-lettered row, so no row can become pending in it between the check
-//! and the drop. That lock is waited for a short time only
-//! ([`DROP_LOCK_TIMEOUT`]); a partition it could not get is left for the
-//! next maintenance, and said so.
+//! Each backend ([`postgres`], [`mysql`]) is a [`Store`]: how it lists,
+//! creates and drops partitions. What maintenance decides is here, once: a
+//! partition is dropped only under the outbox's exclusive lock, after
+//! checking that it holds no pending and no dead-lettered row, so no row
+//! can become pending in it between the check and the drop. That lock is
+//! waited for a short time only ([`DROP_LOCK_TIMEOUT`]); a partition it
+//! could not get is left for the next maintenance, and said so.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{AssertSqlSafe, PgPool, Row};
 
 use crate::config::PartitionMaintenance;
+use crate::database::{Backend, DatabaseUrl};
 use crate::health::{Health, MIN_PARTITION_DAYS_AHEAD};
 use crate::metrics;
 use crate::shutdown::Shutdown;
+use crate::source::{self, SourceError, SourceOptions};
+
+pub mod mysql;
+pub mod postgres;
+
+pub use postgres::is_partitioned;
+
+/// How a backend lists, creates and drops the outbox's partitions.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Whether the outbox is a partitioned table (false when there is none).
+    async fn is_partitioned(&self) -> Result<bool, sqlx::Error>;
+
+    /// Creates the partitions of today and the `ahead` days after it that
+    /// are missing; returns how many it created.
+    async fn create_ahead(&self, ahead: u32) -> Result<i64, PartitionError>;
+
+    /// The partitions, in range order, the catch-all one last, with their
+    /// rows counted.
+    async fn list(&self) -> Result<Vec<Partition>, PartitionError>;
+
+    /// Read cheaply: the day partitions' ranges and the rows of the
+    /// catch-all partition.
+    async fn coverage(&self) -> Result<(Vec<Range>, i64), PartitionError>;
+
+    /// Drops `partition` unless it holds pending or dead-lettered rows,
+    /// checked under the outbox's exclusive lock.
+    async fn drop_if_published(&self, partition: &str) -> Result<Outcome, PartitionError>;
+
+    /// Closes its connections.
+    async fn close(&self);
+}
+
+/// Connects to the database of `url` for partition work; `None` when the
+/// backend has no partitioned outbox (SQLite).
+pub async fn connect(url: &str) -> Result<Option<Box<dyn Store>>, SourceError> {
+    Ok(match DatabaseUrl::parse(url)?.backend() {
+        Backend::Postgres => {
+            let source = source::connect_postgres(url, SourceOptions::default()).await?;
+            Some(Box::new(postgres::PgStore(source.pool().clone())))
+        }
+        Backend::MySql => {
+            let source = source::connect_mysql(url, SourceOptions::default()).await?;
+            Some(Box::new(mysql::MySqlStore(source.pool().clone())))
+        }
+        Backend::Sqlite => None,
+    })
+}
 
 /// How long a drop waits for the outbox's exclusive lock (writers queue
 /// behind a waiting drop for at most this long).
 pub const DROP_LOCK_TIMEOUT: Duration = Duration::from_millis(1000);
 
-/// The advisory lock (key, slot) one maintenance holds at a time, in the
-/// family of the wake-up slots ([`crate::contract::wakeup::LOCK_KEY`]).
+/// PostgreSQL: the advisory lock (key, slot) one maintenance holds at a
+/// time, in the family of the wake-up slots
+/// ([`crate::contract::wakeup::LOCK_KEY`]).
 pub const MAINTENANCE_LOCK: (i32, i32) = (crate::contract::wakeup::LOCK_KEY, 100);
+
+/// MariaDB/MySQL: the named lock one maintenance holds at a time.
+pub const MAINTENANCE_LOCK_NAME: &str = "outbox_partition_maintenance";
 
 /// Why listing or maintaining partitions failed.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +106,7 @@ pub enum PartitionError {
 }
 
 impl PartitionError {
-    fn query(what: &'static str) -> impl FnOnce(sqlx::Error) -> Self {
+    pub(crate) fn query(what: &'static str) -> impl FnOnce(sqlx::Error) -> Self {
         move |source| Self::Query { what, source }
     }
 }
@@ -71,8 +121,9 @@ pub struct Partition {
     pub from: Option<DateTime<Utc>>,
     /// Where its range ends, exclusive (`None`: unbounded, or default).
     pub to: Option<DateTime<Utc>>,
-    /// Whether it is the default partition, which takes rows no day
-    /// partition covers.
+    /// Whether it is the catch-all partition, which takes rows no day
+    /// partition covers (PostgreSQL's default partition, MariaDB's
+    /// `p_future`).
     pub default: bool,
     /// Its rows: the planner's estimate when the partition was analyzed
     /// (`rows_estimated`), else counted.
@@ -87,40 +138,32 @@ pub struct Partition {
     pub bytes: i64,
 }
 
-/// The partitions of the outbox, in range order, the default one last.
-pub async fn list(pool: &PgPool) -> Result<Vec<Partition>, PartitionError> {
-    check_partitioned(pool).await?;
-    let rows = sqlx::query(
-        "SELECT p.name, p.lower_bound, p.upper_bound, p.is_default, \
-           c.reltuples::bigint AS estimate, pg_total_relation_size(c.oid) AS bytes \
-         FROM outbox_partitions() AS p JOIN pg_class AS c ON c.oid = to_regclass(p.name)",
-    )
-    .fetch_all(pool)
-    .await
-    .map_err(PartitionError::query("listing the outbox's partitions"))?;
-    let mut partitions = Vec::with_capacity(rows.len());
-    for row in rows {
-        let name: String = row.get("name");
-        let estimate: i64 = row.get("estimate");
-        let (pending, dead_letters) = unpublished(pool, &name).await?;
-        let (rows, rows_estimated) = if estimate >= 0 {
-            (estimate.max(pending + dead_letters), true)
-        } else {
-            (count(pool, &name).await?, false)
-        };
-        partitions.push(Partition {
-            name,
-            from: row.get("lower_bound"),
-            to: row.get("upper_bound"),
-            default: row.get("is_default"),
-            rows,
-            rows_estimated,
-            pending,
-            dead_letters,
-            bytes: row.get("bytes"),
-        });
+/// The partitions of the outbox, in range order, the catch-all one last.
+pub async fn list(store: &dyn Store) -> Result<Vec<Partition>, PartitionError> {
+    check_partitioned(store).await?;
+    store.list().await
+}
+
+/// How far a partitioned outbox's day partitions reach, read cheaply:
+/// whole days from today with partitions, and rows in the catch-all
+/// partition.
+pub async fn coverage(store: &dyn Store) -> Result<(i64, i64), PartitionError> {
+    let (ranges, default_rows) = store.coverage().await?;
+    Ok((days_ahead(&ranges, Utc::now()), default_rows))
+}
+
+/// Fails with [`PartitionError::NotPartitioned`] unless the outbox is a
+/// partitioned table.
+pub async fn check_partitioned(store: &dyn Store) -> Result<(), PartitionError> {
+    let partitioned = store
+        .is_partitioned()
+        .await
+        .map_err(PartitionError::query("reading the outbox table's kind"))?;
+    if partitioned {
+        Ok(())
+    } else {
+        Err(PartitionError::NotPartitioned)
     }
-    Ok(partitions)
 }
 
 /// The ranges of the day partitions of `partitions` (not the default one).
@@ -173,31 +216,13 @@ pub fn days_ahead(ranges: &[Range], now: DateTime<Utc>) -> i64 {
     (covered_to - start).num_days()
 }
 
-/// How far a partitioned outbox's day partitions reach, read cheaply (the
-/// catalog, and a count of the default partition, normally empty): whole
-/// days from today with partitions, and rows in the default partition.
-pub async fn coverage(pool: &PgPool) -> Result<(i64, i64), PartitionError> {
-    let what = "reading the outbox's partitions";
-    let ranges: Vec<Range> = sqlx::query_as(
-        "SELECT lower_bound, upper_bound FROM outbox_partitions() WHERE NOT is_default",
-    )
-    .fetch_all(pool)
-    .await
-    .map_err(PartitionError::query(what))?;
-    let default_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_default")
-        .fetch_one(pool)
-        .await
-        .map_err(PartitionError::query(what))?;
-    Ok((days_ahead(&ranges, Utc::now()), default_rows))
-}
-
 /// Keeps a partitioned outbox while the relay runs: every `check` it
 /// reads how far the partitions reach (the `outbox_partition_*` gauges and
 /// `/readyz`), and with `maintenance` it maintains them every
 /// `maintenance.interval` (the first time at once). Failures are logged
 /// and tried again at the next turn; nothing here stops the relay.
 pub async fn keep(
-    pool: PgPool,
+    store: Arc<dyn Store>,
     maintenance: Option<PartitionMaintenance>,
     health: Option<Arc<Health>>,
     check: Duration,
@@ -211,14 +236,14 @@ pub async fn keep(
         {
             next_maintenance = Instant::now() + maintenance.interval;
             let retain = maintenance.retain.unwrap_or(Duration::MAX);
-            match maintain(&pool, retain, maintenance.ahead).await {
+            match maintain(store.as_ref(), retain, maintenance.ahead).await {
                 Ok(done) => log_maintenance(&done),
                 Err(error) => {
                     tracing::warn!(%error, "partition maintenance failed; trying again next interval")
                 }
             }
         }
-        match coverage(&pool).await {
+        match coverage(store.as_ref()).await {
             Ok((days, default_rows)) => {
                 metrics::record_partitions(days, default_rows);
                 if let Some(health) = &health {
@@ -321,27 +346,20 @@ pub struct Kept {
 /// partition that ended more than `retain` ago and holds only published
 /// rows, oldest first.
 pub async fn maintain(
-    pool: &PgPool,
+    store: &dyn Store,
     retain: Duration,
     ahead: u32,
 ) -> Result<Maintenance, PartitionError> {
-    check_partitioned(pool).await?;
-    let created: i32 = sqlx::query_scalar("SELECT outbox_create_partitions($1)")
-        .bind(i32::try_from(ahead).unwrap_or(i32::MAX))
-        .fetch_one(pool)
-        .await
-        .map_err(PartitionError::query(
-            "creating the outbox's day partitions",
-        ))?;
+    check_partitioned(store).await?;
     let mut maintenance = Maintenance {
-        created: i64::from(created),
+        created: store.create_ahead(ahead).await?,
         ..Maintenance::default()
     };
     let retain = chrono::Duration::from_std(retain).unwrap_or(chrono::Duration::MAX);
     let cutoff = Utc::now()
         .checked_sub_signed(retain)
         .unwrap_or(DateTime::<Utc>::MIN_UTC);
-    for partition in list(pool).await? {
+    for partition in store.list().await? {
         if partition.default {
             maintenance.default_rows = partition.rows;
             continue;
@@ -350,7 +368,7 @@ pub async fn maintain(
             continue;
         }
         let started = Instant::now();
-        match drop_if_published(pool, &partition.name).await? {
+        match store.drop_if_published(&partition.name).await? {
             Outcome::Dropped => maintenance.dropped.push(Dropped {
                 name: partition.name,
                 rows: partition.rows,
@@ -380,115 +398,18 @@ pub async fn maintain(
 }
 
 /// What became of a partition maintenance meant to drop.
-enum Outcome {
+pub enum Outcome {
+    /// It is gone.
     Dropped,
-    Unpublished { pending: i64, dead_letters: i64 },
+    /// It holds rows not published: kept.
+    Unpublished {
+        /// Its pending rows.
+        pending: i64,
+        /// Its dead-lettered rows.
+        dead_letters: i64,
+    },
+    /// The outbox's lock was not free in time: kept for the next run.
     Busy,
-}
-
-/// Drops `partition` if it holds neither pending nor dead-lettered rows,
-/// checked under the outbox's exclusive lock (so nothing can make a row of
-/// it pending before the drop).
-async fn drop_if_published(pool: &PgPool, partition: &str) -> Result<Outcome, PartitionError> {
-    let what = "dropping a published day partition";
-    let mut tx = pool.begin().await.map_err(PartitionError::query(what))?;
-    sqlx::query("SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2, $3)")
-        .bind(format!("{}ms", DROP_LOCK_TIMEOUT.as_millis()))
-        .bind(MAINTENANCE_LOCK.0)
-        .bind(MAINTENANCE_LOCK.1)
-        .execute(&mut *tx)
-        .await
-        .map_err(PartitionError::query(what))?;
-    // The root (which every insert through it needs) and this partition
-    // only, not every other partition.
-    let lock = format!(
-        "LOCK TABLE ONLY outbox, {} IN ACCESS EXCLUSIVE MODE",
-        quote_ident(partition)
-    );
-    match sqlx::query(AssertSqlSafe(lock)).execute(&mut *tx).await {
-        Ok(_) => {}
-        // 55P03: lock_not_available (the lock timeout).
-        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {
-            return Ok(Outcome::Busy);
-        }
-        Err(error) => return Err(PartitionError::query(what)(error)),
-    }
-    let (pending, dead_letters) = unpublished(&mut *tx, partition).await?;
-    if pending > 0 || dead_letters > 0 {
-        return Ok(Outcome::Unpublished {
-            pending,
-            dead_letters,
-        });
-    }
-    // `partition` comes from the catalog: quoted as an identifier.
-    sqlx::query(AssertSqlSafe(format!(
-        "DROP TABLE {}",
-        quote_ident(partition)
-    )))
-    .execute(&mut *tx)
-    .await
-    .map_err(PartitionError::query(what))?;
-    tx.commit().await.map_err(PartitionError::query(what))?;
-    Ok(Outcome::Dropped)
-}
-
-/// The pending and the dead-lettered rows of `partition` (both read
-/// through partial indexes).
-async fn unpublished<'c, E>(executor: E, partition: &str) -> Result<(i64, i64), PartitionError>
-where
-    E: sqlx::PgExecutor<'c>,
-{
-    let table = quote_ident(partition);
-    sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT (SELECT count(*) FROM {table} \
-                 WHERE published_at IS NULL AND dead_lettered_at IS NULL), \
-                (SELECT count(*) FROM {table} WHERE dead_lettered_at IS NOT NULL)"
-    )))
-    .fetch_one(executor)
-    .await
-    .map_err(PartitionError::query(
-        "counting a partition's unpublished rows",
-    ))
-}
-
-/// The rows of `partition`, counted.
-async fn count(pool: &PgPool, partition: &str) -> Result<i64, PartitionError> {
-    sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}",
-        quote_ident(partition)
-    )))
-    .fetch_one(pool)
-    .await
-    .map_err(PartitionError::query("counting a partition's rows"))
-}
-
-/// Fails with [`PartitionError::NotPartitioned`] unless the outbox the
-/// search path finds is a partitioned table.
-async fn check_partitioned(pool: &PgPool) -> Result<(), PartitionError> {
-    let partitioned = is_partitioned(pool)
-        .await
-        .map_err(PartitionError::query("reading the outbox table's kind"))?;
-    if partitioned {
-        Ok(())
-    } else {
-        Err(PartitionError::NotPartitioned)
-    }
-}
-
-/// Whether the outbox the search path finds is a partitioned table (false
-/// when there is none).
-pub async fn is_partitioned(pool: &PgPool) -> Result<bool, sqlx::Error> {
-    let kind: Option<String> = sqlx::query_scalar(
-        "SELECT c.relkind::text FROM pg_class AS c WHERE c.oid = to_regclass('outbox')",
-    )
-    .fetch_optional(pool)
-    .await?;
-    Ok(kind.as_deref() == Some("p"))
-}
-
-/// `name` as a PostgreSQL identifier, quoted.
-fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 #[cfg(test)]
@@ -532,11 +453,5 @@ mod tests {
         let mut default = partition(None, None);
         default.default = true;
         assert_eq!(days_ahead_of(&[default], now), 0);
-    }
-
-    #[test]
-    fn identifiers_are_quoted() {
-        assert_eq!(quote_ident("outbox_p20261203"), "\"outbox_p20261203\"");
-        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
     }
 }

@@ -1,0 +1,193 @@
+//! The partitioned outbox on PostgreSQL: declarative partitioning, one
+//! partition per day and a default partition. Creating partitions is the
+//! database's own function (`outbox_create_partitions`, from the
+//! migration), so that the plain SQL file, the SeaORM migration and the
+//! relay create them alike; it also moves the rows the default partition
+//! caught into their day's partition.
+
+use async_trait::async_trait;
+use sqlx::{AssertSqlSafe, PgPool, Row};
+
+use super::{
+    DROP_LOCK_TIMEOUT, MAINTENANCE_LOCK, Outcome, Partition, PartitionError, Range, Store,
+};
+
+/// A PostgreSQL database's outbox partitions.
+pub struct PgStore(pub PgPool);
+
+#[async_trait]
+impl Store for PgStore {
+    async fn is_partitioned(&self) -> Result<bool, sqlx::Error> {
+        is_partitioned(&self.0).await
+    }
+
+    async fn close(&self) {
+        self.0.close().await;
+    }
+
+    async fn create_ahead(&self, ahead: u32) -> Result<i64, PartitionError> {
+        let created: i32 = sqlx::query_scalar("SELECT outbox_create_partitions($1)")
+            .bind(i32::try_from(ahead).unwrap_or(i32::MAX))
+            .fetch_one(&self.0)
+            .await
+            .map_err(PartitionError::query(
+                "creating the outbox's day partitions",
+            ))?;
+        Ok(i64::from(created))
+    }
+
+    async fn list(&self) -> Result<Vec<Partition>, PartitionError> {
+        let pool = &self.0;
+        let rows = sqlx::query(
+            "SELECT p.name, p.lower_bound, p.upper_bound, p.is_default, \
+               c.reltuples::bigint AS estimate, pg_total_relation_size(c.oid) AS bytes \
+             FROM outbox_partitions() AS p JOIN pg_class AS c ON c.oid = to_regclass(p.name)",
+        )
+        .fetch_all(pool)
+        .await
+        .map_err(PartitionError::query("listing the outbox's partitions"))?;
+        let mut partitions = Vec::with_capacity(rows.len());
+        for row in rows {
+            let name: String = row.get("name");
+            let estimate: i64 = row.get("estimate");
+            let (pending, dead_letters) = unpublished(pool, &name).await?;
+            let (rows, rows_estimated) = if estimate >= 0 {
+                (estimate.max(pending + dead_letters), true)
+            } else {
+                (count(pool, &name).await?, false)
+            };
+            partitions.push(Partition {
+                name,
+                from: row.get("lower_bound"),
+                to: row.get("upper_bound"),
+                default: row.get("is_default"),
+                rows,
+                rows_estimated,
+                pending,
+                dead_letters,
+                bytes: row.get("bytes"),
+            });
+        }
+        Ok(partitions)
+    }
+
+    async fn coverage(&self) -> Result<(Vec<Range>, i64), PartitionError> {
+        let pool = &self.0;
+        let what = "reading the outbox's partitions";
+        let ranges: Vec<Range> = sqlx::query_as(
+            "SELECT lower_bound, upper_bound FROM outbox_partitions() WHERE NOT is_default",
+        )
+        .fetch_all(pool)
+        .await
+        .map_err(PartitionError::query(what))?;
+        let default_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_default")
+            .fetch_one(pool)
+            .await
+            .map_err(PartitionError::query(what))?;
+        Ok((ranges, default_rows))
+    }
+
+    /// Checked under the exclusive lock of the outbox's root and of the
+    /// partition (so nothing can make a row of it pending before the
+    /// drop).
+    async fn drop_if_published(&self, partition: &str) -> Result<Outcome, PartitionError> {
+        let pool = &self.0;
+        let what = "dropping a published day partition";
+        let mut tx = pool.begin().await.map_err(PartitionError::query(what))?;
+        sqlx::query("SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2, $3)")
+            .bind(format!("{}ms", DROP_LOCK_TIMEOUT.as_millis()))
+            .bind(MAINTENANCE_LOCK.0)
+            .bind(MAINTENANCE_LOCK.1)
+            .execute(&mut *tx)
+            .await
+            .map_err(PartitionError::query(what))?;
+        // The root (which every insert through it needs) and this partition
+        // only, not every other partition.
+        let lock = format!(
+            "LOCK TABLE ONLY outbox, {} IN ACCESS EXCLUSIVE MODE",
+            quote_ident(partition)
+        );
+        match sqlx::query(AssertSqlSafe(lock)).execute(&mut *tx).await {
+            Ok(_) => {}
+            // 55P03: lock_not_available (the lock timeout).
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {
+                return Ok(Outcome::Busy);
+            }
+            Err(error) => return Err(PartitionError::query(what)(error)),
+        }
+        let (pending, dead_letters) = unpublished(&mut *tx, partition).await?;
+        if pending > 0 || dead_letters > 0 {
+            return Ok(Outcome::Unpublished {
+                pending,
+                dead_letters,
+            });
+        }
+        // `partition` comes from the catalog: quoted as an identifier.
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP TABLE {}",
+            quote_ident(partition)
+        )))
+        .execute(&mut *tx)
+        .await
+        .map_err(PartitionError::query(what))?;
+        tx.commit().await.map_err(PartitionError::query(what))?;
+        Ok(Outcome::Dropped)
+    }
+}
+
+/// The pending and the dead-lettered rows of `partition` (both read
+/// through partial indexes).
+async fn unpublished<'c, E>(executor: E, partition: &str) -> Result<(i64, i64), PartitionError>
+where
+    E: sqlx::PgExecutor<'c>,
+{
+    let table = quote_ident(partition);
+    sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT (SELECT count(*) FROM {table} \
+                 WHERE published_at IS NULL AND dead_lettered_at IS NULL), \
+                (SELECT count(*) FROM {table} WHERE dead_lettered_at IS NOT NULL)"
+    )))
+    .fetch_one(executor)
+    .await
+    .map_err(PartitionError::query(
+        "counting a partition's unpublished rows",
+    ))
+}
+
+/// The rows of `partition`, counted.
+async fn count(pool: &PgPool, partition: &str) -> Result<i64, PartitionError> {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        quote_ident(partition)
+    )))
+    .fetch_one(pool)
+    .await
+    .map_err(PartitionError::query("counting a partition's rows"))
+}
+
+/// Whether the outbox the search path finds is a partitioned table (false
+/// when there is none).
+pub async fn is_partitioned(pool: &PgPool) -> Result<bool, sqlx::Error> {
+    let kind: Option<String> = sqlx::query_scalar(
+        "SELECT c.relkind::text FROM pg_class AS c WHERE c.oid = to_regclass('outbox')",
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(kind.as_deref() == Some("p"))
+}
+
+/// `name` as a PostgreSQL identifier, quoted.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quote_ident;
+
+    #[test]
+    fn identifiers_are_quoted() {
+        assert_eq!(quote_ident("outbox_p20261203"), "\"outbox_p20261203\"");
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+    }
+}
