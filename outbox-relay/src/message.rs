@@ -134,6 +134,7 @@ mod tests {
             seq: 1,
             attempts: 0,
             age_at_claim: 0.0,
+            created_at: None,
         }
     }
 

@@ -30,6 +30,11 @@ pub struct OutboxRecord {
     /// Seconds between the row's insertion and its claim, for the
     /// commit-to-acknowledgement latency.
     pub age_at_claim: f64,
+    /// `created_at` as PostgreSQL writes it (its text form), read by the
+    /// PostgreSQL claim so that marking finds the row in its partition of a
+    /// partitioned outbox; `None` elsewhere.
+    #[sqlx(default)]
+    pub created_at: Option<String>,
 }
 
 /// A pending `Order` row of `aggregate` with an empty payload, after
@@ -48,6 +53,7 @@ pub(crate) fn test_record(id: &str, aggregate: &str, attempts: i32) -> OutboxRec
         seq: 0,
         attempts,
         age_at_claim: 0.0,
+        created_at: None,
     }
 }
 
@@ -63,5 +69,6 @@ impl OutboxRecord {
             + self.event_type.len()
             + text(&self.payload)
             + text(&self.traceparent)
+            + text(&self.created_at)
     }
 }

@@ -136,6 +136,7 @@ fn record(columns: &[String], values: Vec<Option<String>>) -> Result<OutboxRecor
         seq: number(column::SEQ, take(column::SEQ))?.unwrap_or_default(),
         attempts: 0,
         age_at_claim: 0.0,
+        created_at: take(column::CREATED_AT),
     })
 }
 

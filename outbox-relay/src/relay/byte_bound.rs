@@ -138,6 +138,7 @@ mod tests {
             seq,
             attempts: 0,
             age_at_claim: 0.0,
+            created_at: None,
         };
         let overhead = record.memory_bytes();
         record.payload = Some("x".repeat(bytes.saturating_sub(overhead)));

@@ -175,6 +175,7 @@ struct RecordColumns {
     seq: Place<'static>,
     attempts: Place<'static>,
     age_at_claim: Place<'static>,
+    created_at: Place<'static>,
 }
 
 impl RecordColumns {
@@ -192,6 +193,7 @@ impl RecordColumns {
             seq: place(column::SEQ),
             attempts: place(column::ATTEMPTS),
             age_at_claim: place("age_at_claim"),
+            created_at: place(column::CREATED_AT),
         }
     }
 }
@@ -221,6 +223,11 @@ where
         // A measurement, not the row's content: a `created_at` the
         // database cannot subtract gives an unknown (zero) age.
         age_at_claim: optional(row, columns.age_at_claim)?.unwrap_or(0.0),
+        // Only PostgreSQL's claims read it.
+        created_at: match columns.created_at.index {
+            Some(_) => optional(row, columns.created_at)?,
+            None => None,
+        },
     })
 }
 

@@ -466,6 +466,7 @@ mod tests {
                 seq: 0,
                 attempts: 0,
                 age_at_claim: 0.0,
+                created_at: None,
             },
             run_position,
         }

@@ -63,8 +63,13 @@ impl<D: SharedStatements> Claim for SqlClaim<D> {
                 .check(&D::owned_shards(&mut *txn, fencing.at_mark, &fencing.instance).await?)?;
         }
         if !settlement.published.is_empty() {
-            D::Marking::mark_published(&mut txn, &settlement.published, this.delete_on_publish)
-                .await?;
+            D::Marking::mark_published(
+                &mut txn,
+                &settlement.published,
+                &this.records,
+                this.delete_on_publish,
+            )
+            .await?;
         }
         if !settlement.failed.is_empty() {
             D::Marking::record_failures(&mut txn, &settlement.failed).await?;
@@ -98,10 +103,13 @@ fn settled_rows(settled: &Settled, records: &[OutboxRecord], settlement: &Settle
 /// How a dialect marks a settled claim's rows, in the claim's transaction.
 #[async_trait]
 pub trait Marking<D: Dialect> {
-    /// Marks the rows `ids` published, or deletes them with `delete`.
+    /// Marks the rows `ids` published, or deletes them with `delete`;
+    /// `records` are the claim's rows (what the dialect may need beyond
+    /// the ids).
     async fn mark_published(
         conn: &mut Connection<D>,
         ids: &[String],
+        records: &[OutboxRecord],
         delete: bool,
     ) -> Result<(), SourceError>;
 
@@ -128,6 +136,7 @@ where
     async fn mark_published(
         conn: &mut Connection<D>,
         ids: &[String],
+        _records: &[OutboxRecord],
         delete: bool,
     ) -> Result<(), SourceError> {
         let action = if delete {

@@ -124,6 +124,7 @@ async fn read(conn: &mut PgConnection, rows: &[PgRow]) -> Result<Vec<OutboxRecor
 /// An infinite `created_at` (which cannot be subtracted) has age 0.
 const CLAIMED_COLUMNS: &str = "id, aggregatetype, aggregateid, type, \
      payload::text AS payload, event_version, aggregate_seq, traceparent, seq, attempts, \
+     created_at::text AS created_at, \
      CASE WHEN isfinite(created_at) \
        THEN EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 ELSE 0 END AS age_at_claim";
 
@@ -137,7 +138,8 @@ fn pending(table: &str) -> String {
 fn as_read(claimed: &str) -> String {
     format!(
         "SELECT id::text AS id, aggregatetype, aggregateid, type, payload, event_version, \
-           aggregate_seq, traceparent, seq, attempts, age_at_claim FROM ({claimed}) AS claimed"
+           aggregate_seq, traceparent, seq, attempts, age_at_claim, created_at \
+         FROM ({claimed}) AS claimed"
     )
 }
 

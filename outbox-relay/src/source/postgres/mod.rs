@@ -36,8 +36,9 @@ use tokio::sync::Mutex;
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect, Placeholders, ShardStatements};
 use super::runs::Settled;
 use super::shards::{ShardConfig, ShardStore};
-use super::{FailedRow, Marking, SourceError, SourceOptions, SqlSource, Typed};
+use super::{FailedRow, FastMap, Marking, SourceError, SourceOptions, SqlSource, Typed};
 use crate::database::DatabaseUrl;
+use crate::record::OutboxRecord;
 
 pub use wakeup::{WAKE_LOCK_KEY, WAKE_SLOTS, take_wake_slots_sql};
 
@@ -185,12 +186,42 @@ impl Dialect for PgDialect {
 /// unanalyzed, scan the table and cast per row.
 #[async_trait]
 impl Marking<PgDialect> for PgDialect {
+    /// Each row by its id and creation time: on a partitioned outbox the
+    /// time names the partition (an id alone is looked up in every one).
     async fn mark_published(
         conn: &mut PgConnection,
         ids: &[String],
+        records: &[OutboxRecord],
         delete: bool,
     ) -> Result<(), SourceError> {
-        mark_published(conn, ids, delete).await
+        let created_at: FastMap<&str, &str> = records
+            .iter()
+            .filter_map(|record| Some((record.id.as_str(), record.created_at.as_deref()?)))
+            .collect();
+        let (timed, untimed): (Vec<&String>, Vec<&String>) = ids
+            .iter()
+            .partition(|id| created_at.contains_key(id.as_str()));
+        if !timed.is_empty() {
+            let sql = if delete {
+                "DELETE FROM outbox AS o USING unnest($1::uuid[], $2::timestamptz[]) \
+                 AS p(id, created_at) WHERE o.id = p.id AND o.created_at = p.created_at"
+            } else {
+                "UPDATE outbox AS o SET published_at = now() \
+                 FROM unnest($1::uuid[], $2::timestamptz[]) AS p(id, created_at) \
+                 WHERE o.id = p.id AND o.created_at = p.created_at"
+            };
+            let times: Vec<&str> = timed.iter().map(|id| created_at[id.as_str()]).collect();
+            sqlx::query(sql)
+                .bind(uuids(timed.into_iter())?)
+                .bind(times)
+                .execute(&mut *conn)
+                .await?;
+        }
+        if !untimed.is_empty() {
+            let untimed: Vec<String> = untimed.into_iter().cloned().collect();
+            mark_published(conn, &untimed, delete).await?;
+        }
+        Ok(())
     }
 
     async fn record_failures(
