@@ -167,11 +167,14 @@ async fn count(pool: &PgPool, partition: &str) -> Result<i64, PartitionError> {
 
 /// Whether the outbox the search path finds is a partitioned table (false
 /// when there is none).
-pub async fn is_partitioned(pool: &PgPool) -> Result<bool, sqlx::Error> {
+pub async fn is_partitioned<'c, E>(executor: E) -> Result<bool, sqlx::Error>
+where
+    E: sqlx::PgExecutor<'c>,
+{
     let kind: Option<String> = sqlx::query_scalar(
         "SELECT c.relkind::text FROM pg_class AS c WHERE c.oid = to_regclass('outbox')",
     )
-    .fetch_optional(pool)
+    .fetch_optional(executor)
     .await?;
     Ok(kind.as_deref() == Some("p"))
 }

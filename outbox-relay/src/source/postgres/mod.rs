@@ -29,8 +29,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{Connection, Postgres};
 use tokio::sync::Mutex;
 
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect, Placeholders, ShardStatements};
@@ -84,6 +84,17 @@ impl Dialect for PgDialect {
                 .as_ref()
                 .map_or("outbox-relay", |shards| shards.instance.as_str());
             connect_options = connect_options.application_name(application_name);
+        }
+        // A partitioned outbox: every statement's generic plan, which
+        // prunes partitions at run time; a plan made for each statement's
+        // values cannot prune (no statement names a creation time but the
+        // mark), costs planning over every partition each time, and for
+        // the mark's arrays becomes a hash join over all their rows.
+        let mut probe = PgConnection::connect_with(&connect_options).await?;
+        let partitioned = crate::partitions::is_partitioned(&mut probe).await?;
+        probe.close().await.ok();
+        if partitioned {
+            connect_options = connect_options.options([("plan_cache_mode", "force_generic_plan")]);
         }
         let port = connect_options.get_port();
         let pool = crate::nodelay::pool_options(PgPoolOptions::new(), port)
