@@ -63,11 +63,12 @@ read -r part_wal part_seconds < <(measure "$PARTITIONED" partitions maintain --r
 left=$(psql -Atq "$(url "$PARTITIONED")" -c "SELECT count(*) FROM outbox")
 [ "$left" = 0 ] || { echo "maintenance left $left rows"; exit 1; }
 
-drop_seconds=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['dropped'][0]['seconds'])" "${TMPDIR:-/tmp}/retention-$$.out")
+read -r drop_seconds locked_seconds < <(python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['dropped'][0]; print(d['seconds'], d['locked_seconds'])" "${TMPDIR:-/tmp}/retention-$$.out")
 rm -f "${TMPDIR:-/tmp}/retention-$$.out"
 # The commands' times include the process's start (connecting, checking
-# the table); the drop's own time is what maintenance reports.
+# the table); the drop's own time, and how long of it the outbox was
+# locked, are what maintenance reports.
 echo "rows=$N"
 echo "batched DELETE (cleanup):      wal_bytes=$plain_wal seconds=$plain_seconds"
-echo "drop partition (maintain):     wal_bytes=$part_wal seconds=$part_seconds (the drop itself: $drop_seconds s)"
+echo "drop partition (maintain):     wal_bytes=$part_wal seconds=$part_seconds (the drop itself: $drop_seconds s, the outbox locked: $locked_seconds s)"
 echo "ratio drop/DELETE: wal=$(echo "scale=5; $part_wal / $plain_wal" | bc) time=$(echo "scale=4; $part_seconds / $plain_seconds" | bc)"

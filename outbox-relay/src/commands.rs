@@ -472,10 +472,11 @@ fn maintenance_lines(done: &Maintenance) -> String {
     let mut lines = format!("created {} partitions\n", done.created);
     for dropped in &done.dropped {
         lines.push_str(&format!(
-            "dropped {} ({} published rows) in {} ms\n",
+            "dropped {} ({} published rows) in {} ms, the outbox locked for {} ms\n",
             dropped.name,
             dropped.rows,
-            (dropped.seconds * 1000.0).round()
+            (dropped.seconds * 1000.0).round(),
+            (dropped.locked_seconds * 1000.0).round()
         ));
     }
     for kept in &done.kept {

@@ -324,8 +324,13 @@ pub struct Dropped {
     pub name: String,
     /// The published rows it held (the planner's estimate when known).
     pub rows: i64,
-    /// How long the drop took, from waiting for the lock to the commit.
+    /// How long the drop took, from waiting for the lock to the files'
+    /// removal.
     pub seconds: f64,
+    /// How long of that writers waited: the outbox's lock, from waiting for
+    /// it to its release (PostgreSQL detaches the day under the lock and
+    /// removes its files after).
+    pub locked_seconds: f64,
 }
 
 /// A partition past the retention that maintenance kept.
@@ -369,10 +374,11 @@ pub async fn maintain(
         }
         let started = Instant::now();
         match store.drop_if_published(&partition.name).await? {
-            Outcome::Dropped => maintenance.dropped.push(Dropped {
+            Outcome::Dropped { locked } => maintenance.dropped.push(Dropped {
                 name: partition.name,
                 rows: partition.rows,
                 seconds: started.elapsed().as_secs_f64(),
+                locked_seconds: locked.as_secs_f64(),
             }),
             Outcome::Unpublished {
                 pending,
@@ -400,7 +406,10 @@ pub async fn maintain(
 /// What became of a partition maintenance meant to drop.
 pub enum Outcome {
     /// It is gone.
-    Dropped,
+    Dropped {
+        /// How long the outbox was locked for it.
+        locked: Duration,
+    },
     /// It holds rows not published: kept.
     Unpublished {
         /// Its pending rows.

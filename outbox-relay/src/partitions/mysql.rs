@@ -261,6 +261,7 @@ impl Store for MySqlStore {
     async fn drop_if_published(&self, partition: &str) -> Result<Outcome, PartitionError> {
         let what = "dropping a published day partition";
         let mut conn = self.locked_connection().await?;
+        let started = std::time::Instant::now();
         let wait = DROP_LOCK_TIMEOUT.as_secs().max(1);
         sqlx::query(AssertSqlSafe(format!(
             "SET SESSION lock_wait_timeout = {wait}"
@@ -285,7 +286,9 @@ impl Store for MySqlStore {
                     .execute(&mut conn)
                     .await
                     .map_err(PartitionError::query(what))?;
-                    Outcome::Dropped
+                    Outcome::Dropped {
+                        locked: started.elapsed(),
+                    }
                 }
                 (pending, dead_letters) => Outcome::Unpublished {
                     pending,

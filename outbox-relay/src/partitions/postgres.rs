@@ -92,6 +92,7 @@ impl Store for PgStore {
     /// drop).
     async fn drop_if_published(&self, partition: &str) -> Result<Outcome, PartitionError> {
         let pool = &self.0;
+        let started = std::time::Instant::now();
         let what = "dropping a published day partition";
         let mut tx = pool.begin().await.map_err(PartitionError::query(what))?;
         sqlx::query("SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2, $3)")
@@ -122,16 +123,26 @@ impl Store for PgStore {
                 dead_letters,
             });
         }
-        // `partition` comes from the catalog: quoted as an identifier.
+        // Detached under the lock, dropped after it: a drop removes the
+        // partition's files when it commits, which takes time with the
+        // size of the day, and nothing needs to wait for that. (A process
+        // ending between the two leaves the detached table to drop by
+        // hand; it holds only published rows.) `partition` comes from the
+        // catalog: quoted as an identifier.
+        let table = quote_ident(partition);
         sqlx::query(AssertSqlSafe(format!(
-            "DROP TABLE {}",
-            quote_ident(partition)
+            "ALTER TABLE outbox DETACH PARTITION {table}"
         )))
         .execute(&mut *tx)
         .await
         .map_err(PartitionError::query(what))?;
         tx.commit().await.map_err(PartitionError::query(what))?;
-        Ok(Outcome::Dropped)
+        let locked = started.elapsed();
+        sqlx::query(AssertSqlSafe(format!("DROP TABLE {table}")))
+            .execute(pool)
+            .await
+            .map_err(PartitionError::query(what))?;
+        Ok(Outcome::Dropped { locked })
     }
 }
 
