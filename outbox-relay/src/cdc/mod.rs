@@ -590,6 +590,10 @@ impl CdcRelay {
                     settlement.observe(&records, sent_at).record();
                     return Ok(Delivered {
                         ids: settlement.published,
+                        created_at: records
+                            .into_iter()
+                            .filter_map(|record| Some((record.id, record.created_at?)))
+                            .collect(),
                         end_lsn,
                     });
                 };
@@ -610,8 +614,13 @@ impl CdcRelay {
     fn settle(&self, delivered: Delivered) -> Marking {
         let source = self.source.clone();
         Box::pin(async move {
+            let created_at = delivered
+                .created_at
+                .iter()
+                .map(|(id, at)| (id.as_str(), at.as_str()))
+                .collect();
             source
-                .mark_published(&delivered.ids)
+                .mark_published(&delivered.ids, &created_at)
                 .await
                 .map_err(CdcError::Mark)?;
             tracing::debug!(published = delivered.ids.len(), confirmed = %delivered.end_lsn, "batch confirmed");

@@ -79,6 +79,10 @@ impl Committed {
 pub(crate) struct Delivered {
     /// The event ids, to mark.
     pub(crate) ids: Vec<String>,
+    /// Their rows' creation times as PostgreSQL wrote them, by id (all
+    /// that the stream read), so that marking finds each row in its
+    /// partition of a partitioned outbox.
+    pub(crate) created_at: Vec<(String, String)>,
     /// Confirmable once the rows are marked.
     pub(crate) end_lsn: Lsn,
 }
@@ -472,6 +476,7 @@ mod tests {
     fn delivered(batch: &[Committed]) -> Delivered {
         Delivered {
             ids: ids(batch).into_iter().map(str::to_owned).collect(),
+            created_at: Vec::new(),
             end_lsn: batch_end(batch),
         }
     }

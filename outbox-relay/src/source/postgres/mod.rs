@@ -57,8 +57,15 @@ impl PostgresSource {
     /// Marks rows published outside a claim (CDC mode reads them from the
     /// write-ahead log), or deletes them with `--delete-on-publish`. Rows
     /// already gone, such as those of the insert+delete idiom, are skipped.
-    pub async fn mark_published(&self, ids: &[String]) -> Result<(), SourceError> {
-        mark_published(self.pool(), ids, self.delete_on_publish()).await
+    /// `created_at` holds each row's creation time as PostgreSQL wrote it,
+    /// where known (see [`OutboxRecord::created_at`]).
+    pub(crate) async fn mark_published(
+        &self,
+        ids: &[String],
+        created_at: &FastMap<&str, &str>,
+    ) -> Result<(), SourceError> {
+        let mut conn = self.pool().acquire().await?;
+        mark_rows(&mut conn, ids, created_at, self.delete_on_publish()).await
     }
 }
 
@@ -209,30 +216,7 @@ impl Marking<PgDialect> for PgDialect {
             .iter()
             .filter_map(|record| Some((record.id.as_str(), record.created_at.as_deref()?)))
             .collect();
-        let (timed, untimed): (Vec<&String>, Vec<&String>) = ids
-            .iter()
-            .partition(|id| created_at.contains_key(id.as_str()));
-        if !timed.is_empty() {
-            let sql = if delete {
-                "DELETE FROM outbox AS o USING unnest($1::uuid[], $2::timestamptz[]) \
-                 AS p(id, created_at) WHERE o.id = p.id AND o.created_at = p.created_at"
-            } else {
-                "UPDATE outbox AS o SET published_at = now() \
-                 FROM unnest($1::uuid[], $2::timestamptz[]) AS p(id, created_at) \
-                 WHERE o.id = p.id AND o.created_at = p.created_at"
-            };
-            let times: Vec<&str> = timed.iter().map(|id| created_at[id.as_str()]).collect();
-            sqlx::query(sql)
-                .bind(uuids(timed.into_iter())?)
-                .bind(times)
-                .execute(&mut *conn)
-                .await?;
-        }
-        if !untimed.is_empty() {
-            let untimed: Vec<String> = untimed.into_iter().cloned().collect();
-            mark_published(conn, &untimed, delete).await?;
-        }
-        Ok(())
+        mark_rows(conn, ids, &created_at, delete).await
     }
 
     async fn record_failures(
@@ -255,6 +239,42 @@ impl Marking<PgDialect> for PgDialect {
         .await?;
         Ok(())
     }
+}
+
+/// Marks the rows `ids` published, or deletes them with `delete`: those
+/// whose creation time `created_at` knows by their id and that time (on a
+/// partitioned outbox the time names the partition, while an id alone is
+/// looked up in every one), the others by id.
+async fn mark_rows(
+    conn: &mut PgConnection,
+    ids: &[String],
+    created_at: &FastMap<&str, &str>,
+    delete: bool,
+) -> Result<(), SourceError> {
+    let (timed, untimed): (Vec<&String>, Vec<&String>) = ids
+        .iter()
+        .partition(|id| created_at.contains_key(id.as_str()));
+    if !timed.is_empty() {
+        let sql = if delete {
+            "DELETE FROM outbox AS o USING unnest($1::uuid[], $2::timestamptz[]) \
+             AS p(id, created_at) WHERE o.id = p.id AND o.created_at = p.created_at"
+        } else {
+            "UPDATE outbox AS o SET published_at = now() \
+             FROM unnest($1::uuid[], $2::timestamptz[]) AS p(id, created_at) \
+             WHERE o.id = p.id AND o.created_at = p.created_at"
+        };
+        let times: Vec<&str> = timed.iter().map(|id| created_at[id.as_str()]).collect();
+        sqlx::query(sql)
+            .bind(uuids(timed.into_iter())?)
+            .bind(times)
+            .execute(&mut *conn)
+            .await?;
+    }
+    if !untimed.is_empty() {
+        let untimed: Vec<String> = untimed.into_iter().cloned().collect();
+        mark_published(conn, &untimed, delete).await?;
+    }
+    Ok(())
 }
 
 /// Marks the rows `ids` published, or deletes them with `delete`.
