@@ -490,6 +490,16 @@ async fn a_live_plain_outbox_converts(backend: Backend, earlier: &str) {
         "{listed}"
     );
     assert_eq!(t.count("outbox").await, written.len() as i64);
+    // `status` reads the partitioned table as the plain one.
+    let (code, stdout, stderr) = relay_command(&t, &["status", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let status: Value = serde_json::from_str(&stdout).expect("status --json prints JSON");
+    assert_eq!(status["pending"].as_i64(), Some(0), "{status}");
+    assert_eq!(
+        status["published"].as_i64(),
+        Some(written.len() as i64),
+        "{status}"
+    );
     relay.terminate();
     check_printed(&relay.stdout(), &written);
     t.drop().await;
