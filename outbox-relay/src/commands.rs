@@ -369,22 +369,15 @@ async fn migrate(url: &str, args: &MigrateArgs) -> Result<(), CommandError> {
 
 /// Whether `db` holds a partitioned outbox.
 async fn is_partitioned(db: &sea_orm::DatabaseConnection) -> bool {
-    use sea_orm::{ConnectionTrait, DbBackend, Statement};
-    let backend = db.get_database_backend();
-    let sql = match backend {
+    use sea_orm::DbBackend;
+    let partitioned = match db.get_database_backend() {
         DbBackend::Postgres => {
-            "SELECT (COUNT(*) > 0)::int8 AS partitioned FROM pg_class AS c \
-             WHERE c.oid = to_regclass('outbox') AND c.relkind = 'p'"
+            partitions::postgres::is_partitioned(db.get_postgres_connection_pool()).await
         }
-        DbBackend::MySql => {
-            "SELECT CAST(COUNT(*) > 0 AS SIGNED) AS partitioned FROM information_schema.partitions \
-             WHERE table_schema = DATABASE() AND table_name = 'outbox' \
-               AND partition_name IS NOT NULL"
-        }
+        DbBackend::MySql => partitions::mysql::is_partitioned(db.get_mysql_connection_pool()).await,
         _ => return false,
     };
-    let row = db.query_one_raw(Statement::from_string(backend, sql)).await;
-    matches!(row, Ok(Some(row)) if row.try_get::<i64>("", "partitioned").is_ok_and(|p| p > 0))
+    partitioned.unwrap_or(false)
 }
 
 async fn partitions(
@@ -487,7 +480,8 @@ fn maintenance_lines(done: &Maintenance) -> String {
     }
     if done.default_rows > 0 {
         lines.push_str(&format!(
-            "{} rows stay in outbox_default: no day partition can hold their creation time\n",
+            "{} rows stay in the catch-all partition: no day partition can hold their creation \
+             time\n",
             done.default_rows
         ));
     }

@@ -525,8 +525,9 @@ impl RunSettings {
     }
 }
 
-/// `--partition-maintenance` (PostgreSQL, MariaDB/MySQL) with its retention (`--retention`, none with
-/// `--no-cleanup`), interval (`--cleanup-interval`) and `--partitions-ahead`.
+/// `--partition-maintenance` (PostgreSQL, MariaDB/MySQL) with its
+/// retention (`--retention`, none with `--no-cleanup`), interval
+/// (`--cleanup-interval`) and `--partitions-ahead`.
 fn partition_maintenance(
     database_url: &str,
     args: &RunArgs,
@@ -538,16 +539,7 @@ fn partition_maintenance(
     if Backend::of(database_url) == Some(Backend::Sqlite) {
         return Err(RunSettingsError::PartitionsNeedServer);
     }
-    let ahead = checked_count(
-        given(
-            "--partitions-ahead",
-            "partitions_ahead",
-            args.partitions_ahead,
-            file.partitions_ahead,
-        ),
-        &PARTITIONS_AHEAD,
-        DEFAULT_PARTITIONS_AHEAD,
-    )?;
+    let ahead = partitions_ahead("--partitions-ahead", args.partitions_ahead, file)?;
     // The cleanup's settings, whether or not rows would be deleted.
     let cleanup = !args.no_cleanup && file.cleanup.unwrap_or(true);
     let retention = retention_settings(args, file)?;
@@ -1119,6 +1111,16 @@ fn keep_for(
     )
 }
 
+/// Days after today to have partitions for: `flag`, else the file's
+/// `partitions_ahead`, else [`DEFAULT_PARTITIONS_AHEAD`].
+fn partitions_ahead(flag: &str, arg: Option<u32>, file: &FileConfig) -> Result<u32, SettingsError> {
+    checked_count(
+        given(flag, "partitions_ahead", arg, file.partitions_ahead),
+        &PARTITIONS_AHEAD,
+        DEFAULT_PARTITIONS_AHEAD,
+    )
+}
+
 /// What `partitions maintain` needs: how long published days are kept
 /// (`--retain`, or the file's `retention`, as for `cleanup`) and how many
 /// days after today get partitions.
@@ -1127,12 +1129,7 @@ pub fn maintenance_settings(
     file: &FileConfig,
 ) -> Result<(Duration, u32), SettingsError> {
     let retain = keep_for("--retain", args.retain, file)?;
-    let ahead = checked_count(
-        given("--ahead", "ahead", args.ahead, None),
-        &PARTITIONS_AHEAD,
-        DEFAULT_PARTITIONS_AHEAD,
-    )?;
-    Ok((retain, ahead))
+    Ok((retain, partitions_ahead("--ahead", args.ahead, file)?))
 }
 
 /// Everything `cleanup` needs.

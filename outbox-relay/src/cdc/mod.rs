@@ -590,10 +590,7 @@ impl CdcRelay {
                     settlement.observe(&records, sent_at).record();
                     return Ok(Delivered {
                         ids: settlement.published,
-                        created_at: records
-                            .into_iter()
-                            .filter_map(|record| Some((record.id, record.created_at?)))
-                            .collect(),
+                        created_at: records.into_iter().map(|r| r.created_at).collect(),
                         end_lsn,
                     });
                 };
@@ -615,9 +612,10 @@ impl CdcRelay {
         let source = self.source.clone();
         Box::pin(async move {
             let created_at = delivered
-                .created_at
+                .ids
                 .iter()
-                .map(|(id, at)| (id.as_str(), at.as_str()))
+                .zip(&delivered.created_at)
+                .filter_map(|(id, at)| Some((id.as_str(), at.as_deref()?)))
                 .collect();
             source
                 .mark_published(&delivered.ids, &created_at)

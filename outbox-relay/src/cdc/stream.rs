@@ -79,10 +79,10 @@ impl Committed {
 pub(crate) struct Delivered {
     /// The event ids, to mark.
     pub(crate) ids: Vec<String>,
-    /// Their rows' creation times as PostgreSQL wrote them, by id (all
-    /// that the stream read), so that marking finds each row in its
-    /// partition of a partitioned outbox.
-    pub(crate) created_at: Vec<(String, String)>,
+    /// Each one's row creation time as PostgreSQL wrote it (where the
+    /// stream read one), so that marking finds the row in its partition of
+    /// a partitioned outbox.
+    pub(crate) created_at: Vec<Option<String>>,
     /// Confirmable once the rows are marked.
     pub(crate) end_lsn: Lsn,
 }
@@ -476,7 +476,7 @@ mod tests {
     fn delivered(batch: &[Committed]) -> Delivered {
         Delivered {
             ids: ids(batch).into_iter().map(str::to_owned).collect(),
-            created_at: Vec::new(),
+            created_at: ids(batch).iter().map(|_| None).collect(),
             end_lsn: batch_end(batch),
         }
     }

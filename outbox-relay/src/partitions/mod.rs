@@ -192,25 +192,20 @@ pub struct Range {
 /// Whole days from the start of today (UTC) that the `ranges` of day
 /// partitions cover without a hole: 0 when today has none.
 pub fn days_ahead(ranges: &[Range], now: DateTime<Utc>) -> i64 {
-    let day = chrono::Duration::days(1);
-    let mut covered_to = now
+    let start = now
         .date_naive()
         .and_hms_opt(0, 0, 0)
         .expect("midnight exists")
         .and_utc();
-    let start = covered_to;
-    loop {
-        let next = ranges.iter().find(|range| {
-            range.from.is_none_or(|from| from <= covered_to)
-                && range.to.is_none_or(|to| to > covered_to)
-        });
-        match next.and_then(|p| p.to) {
+    let mut covered_to = start;
+    // Each step ends later than the one before: at most one per range.
+    while let Some(range) = ranges.iter().find(|range| {
+        range.from.is_none_or(|from| from <= covered_to)
+            && range.to.is_none_or(|to| to > covered_to)
+    }) {
+        match range.to {
             Some(to) => covered_to = to,
-            None if next.is_some() => return i64::MAX,
-            None => break,
-        }
-        if covered_to - start > day * 36_600 {
-            break;
+            None => return i64::MAX,
         }
     }
     (covered_to - start).num_days()
@@ -296,7 +291,7 @@ fn log_maintenance(done: &Maintenance) {
     if done.default_rows > 0 {
         tracing::warn!(
             rows = done.default_rows,
-            "rows stay in outbox_default: no day partition can hold their creation time"
+            "rows stay in the catch-all partition: no day partition can hold their creation time"
         );
     }
 }

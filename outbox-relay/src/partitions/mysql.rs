@@ -120,6 +120,22 @@ fn days_to_create(last_end: Option<NaiveDate>, today: NaiveDate, ahead: u32) -> 
     days
 }
 
+/// Whether the outbox of the connection's database is partitioned (false
+/// when there is none).
+pub async fn is_partitioned<'c, E>(executor: E) -> Result<bool, sqlx::Error>
+where
+    E: sqlx::MySqlExecutor<'c>,
+{
+    let partitions: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.partitions \
+         WHERE table_schema = DATABASE() AND table_name = 'outbox' \
+           AND partition_name IS NOT NULL",
+    )
+    .fetch_one(executor)
+    .await?;
+    Ok(partitions > 0)
+}
+
 /// Error 1205: lock wait timeout exceeded.
 fn is_lock_wait_timeout(error: &dyn sqlx::error::DatabaseError) -> bool {
     error
@@ -151,14 +167,7 @@ async fn unpublished(
 #[async_trait]
 impl Store for MySqlStore {
     async fn is_partitioned(&self) -> Result<bool, sqlx::Error> {
-        let partitions: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.partitions \
-             WHERE table_schema = DATABASE() AND table_name = 'outbox' \
-               AND partition_name IS NOT NULL",
-        )
-        .fetch_one(&self.0)
-        .await?;
-        Ok(partitions > 0)
+        is_partitioned(&self.0).await
     }
 
     async fn close(&self) {
