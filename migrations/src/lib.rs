@@ -4,7 +4,8 @@
 //! `psql`, `mariadb` or `sqlite3` if you do not use SeaORM); the migrations
 //! here run exactly those files. Add [`CreateOutbox`],
 //! [`CreateRelayShards`] and (for consumers) [`CreateInbox`] and
-//! [`CreateInboxGaps`] to your own `sea-orm-migration` migrator, or run
+//! [`CreateInboxGaps`], and [`CreateReplay`] where `outbox-relay replay`
+//! runs, to your own `sea-orm-migration` migrator, or run
 //! [`Migrator`] on its own. On PostgreSQL and MariaDB/MySQL,
 //! [`PartitionOutbox`] (or [`PartitionedMigrator`]) partitions the outbox
 //! by day:
@@ -284,6 +285,29 @@ impl MigrationTrait for PartitionOutbox {
     }
 }
 
+/// Creates the audit records of `outbox-relay replay` (`outbox_replay`) and
+/// the plans of running replays (`outbox_replay_row`): the selected events
+/// in the order a replay sends them, so that it can be resumed where it
+/// stopped.
+pub struct CreateReplay;
+
+impl MigrationName for CreateReplay {
+    fn name(&self) -> &str {
+        "m20261203_000009_create_replay"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for CreateReplay {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run(manager, &sql_files!("0009_create_replay.up.sql")).await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run(manager, &sql_files!("0009_create_replay.down.sql")).await
+    }
+}
+
 /// Runs a migration of the partitioned outbox; on SQLite, an error that
 /// says why there is none.
 async fn run_partitioned(manager: &SchemaManager<'_>, sql: &Sql) -> Result<(), DbErr> {
@@ -331,6 +355,7 @@ impl MigratorTrait for Migrator {
             Box::new(ClaimInAggregateOrder),
             Box::new(CreateInboxGaps),
             Box::new(RelaySessions),
+            Box::new(CreateReplay),
         ]
     }
 
@@ -350,6 +375,8 @@ impl MigratorTrait for PartitionedMigrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         let mut migrations = Migrator::migrations();
         migrations.push(Box::new(PartitionOutbox));
+        // In the order of their names, as they were released.
+        migrations.sort_by(|a, b| a.name().cmp(b.name()));
         migrations
     }
 

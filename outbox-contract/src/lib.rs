@@ -86,6 +86,10 @@ pub mod headers {
     pub const AGGREGATE_TYPE: &str = "aggregateType";
     /// The aggregate id, on brokers without a message key (RabbitMQ, NATS).
     pub const AGGREGATE_ID: &str = "aggregateId";
+    /// Set on a copy of an already published event that `outbox-relay
+    /// replay` sent again: the replay's id. The copy keeps the event's id
+    /// and every other header, so an inbox recognises it as the same event.
+    pub const REPLAY_ID: &str = "replayId";
 }
 
 /// Where a row is published.

@@ -1,4 +1,4 @@
-//! The command line: `outbox-relay <run|migrate|partitions|status|cleanup|retry|cdc>`.
+//! The command line: `outbox-relay <run|migrate|partitions|status|cleanup|retry|replay|cdc>`.
 //!
 //! Every option can also come from an environment variable or from the TOML
 //! file given with `--config`; the command line wins over the environment,
@@ -73,6 +73,9 @@ pub enum Command {
     /// Make dead-lettered rows pending again (all, or those selected), once
     /// their cause is fixed
     Retry(RetryArgs),
+    /// Send already published events again (those selected), to their own
+    /// topics or another, for a consumer that lost its state
+    Replay(Box<ReplayArgs>),
     /// Manage CDC mode's replication slot (PostgreSQL)
     #[command(subcommand)]
     Cdc(CdcCommand),
@@ -142,26 +145,10 @@ impl SinkKind {
     }
 }
 
-/// Options of `run`.
-#[derive(Debug, Args, Default)]
-pub struct RunArgs {
-    /// Where committed rows are read from: `poll` claims them from the
-    /// outbox table; `cdc` reads the table's inserts from PostgreSQL's
-    /// write-ahead log [default: poll]
-    #[arg(long, env = "OUTBOX_MODE", value_enum)]
-    pub mode: Option<RunMode>,
-
-    /// CDC mode's replication slot, created if missing; one relay reads it
-    /// at a time, others stand by and take over within 10s of the reader
-    /// stopping or going silent [default: outbox_relay]
-    #[arg(long, env = "OUTBOX_SLOT")]
-    pub slot: Option<String>,
-
-    /// CDC mode's publication of the outbox table's inserts, created if
-    /// missing [default: outbox_relay]
-    #[arg(long, env = "OUTBOX_PUBLICATION")]
-    pub publication: Option<String>,
-
+/// Where and how messages are published: the options `run` and `replay`
+/// share.
+#[derive(Debug, Args, Default, Clone)]
+pub struct SinkArgs {
     /// Where to publish [default: kafka when brokers are given, rabbitmq when
     /// an AMQP URL is, nats when a NATS URL is, else stdout]
     #[arg(long, env = "OUTBOX_SINK", value_enum)]
@@ -220,28 +207,6 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_TOPIC_TEMPLATE")]
     pub topic_template: Option<String>,
 
-    /// Rows claimed and published at once, 1 to 10000 [default: 500]
-    #[arg(long, env = "OUTBOX_BATCH_SIZE")]
-    pub batch_size: Option<u64>,
-
-    /// Bytes of rows claimed and published at once, about (payloads and
-    /// the other columns), 1024 to 1073741824: a batch of large payloads
-    /// stops short of --batch-size at this bound, taking at least one row
-    /// [default: 2097152, 2 MiB]
-    #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES")]
-    pub max_batch_bytes: Option<u64>,
-
-    /// Longest wait between checks for new rows, 10ms to 1h; PostgreSQL is
-    /// also woken by LISTEN/NOTIFY at once [default: 1s on PostgreSQL, 100ms
-    /// otherwise]
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL", value_parser = parse_duration)]
-    pub poll_interval: Option<Duration>,
-
-    /// Attempts before a message the broker refuses for good (too large,
-    /// invalid topic) is dead-lettered, at least 1 [default: 10]
-    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS")]
-    pub max_attempts: Option<i64>,
-
     /// Do not create missing topics; their rows stay pending until the topic exists
     #[arg(long)]
     pub no_create_topics: bool,
@@ -273,6 +238,49 @@ pub struct RunArgs {
     /// route.* options take the place of --topic-template
     #[arg(long = "router", value_name = "NAME=VALUE")]
     pub router_options: Vec<String>,
+}
+
+/// Options of `run`.
+#[derive(Debug, Args, Default)]
+pub struct RunArgs {
+    /// Where committed rows are read from: `poll` claims them from the
+    /// outbox table; `cdc` reads the table's inserts from PostgreSQL's
+    /// write-ahead log [default: poll]
+    #[arg(long, env = "OUTBOX_MODE", value_enum)]
+    pub mode: Option<RunMode>,
+
+    /// CDC mode's replication slot, created if missing; one relay reads it
+    /// at a time, others stand by and take over within 10s of the reader
+    /// stopping or going silent [default: outbox_relay]
+    #[arg(long, env = "OUTBOX_SLOT")]
+    pub slot: Option<String>,
+
+    /// CDC mode's publication of the outbox table's inserts, created if
+    /// missing [default: outbox_relay]
+    #[arg(long, env = "OUTBOX_PUBLICATION")]
+    pub publication: Option<String>,
+
+    /// Rows claimed and published at once, 1 to 10000 [default: 500]
+    #[arg(long, env = "OUTBOX_BATCH_SIZE")]
+    pub batch_size: Option<u64>,
+
+    /// Bytes of rows claimed and published at once, about (payloads and
+    /// the other columns), 1024 to 1073741824: a batch of large payloads
+    /// stops short of --batch-size at this bound, taking at least one row
+    /// [default: 2097152, 2 MiB]
+    #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES")]
+    pub max_batch_bytes: Option<u64>,
+
+    /// Longest wait between checks for new rows, 10ms to 1h; PostgreSQL is
+    /// also woken by LISTEN/NOTIFY at once [default: 1s on PostgreSQL, 100ms
+    /// otherwise]
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", value_parser = parse_duration)]
+    pub poll_interval: Option<Duration>,
+
+    /// Attempts before a message the broker refuses for good (too large,
+    /// invalid topic) is dead-lettered, at least 1 [default: 10]
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS")]
+    pub max_attempts: Option<i64>,
 
     /// Delete rows once published instead of marking them
     #[arg(long)]
@@ -334,6 +342,10 @@ pub struct RunArgs {
     /// 100ms to 1h [default: 5s]
     #[arg(long, value_parser = parse_duration)]
     pub metrics_interval: Option<Duration>,
+
+    /// Where and how messages are published.
+    #[command(flatten, next_help_heading = "Where and how to publish")]
+    pub output: SinkArgs,
 }
 
 /// Options of `status`.
@@ -424,6 +436,112 @@ pub struct RetryArgs {
     /// Re-drive only dead letters of this aggregate type
     #[arg(long)]
     pub aggregate_type: Option<String>,
+}
+
+/// Options of `replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Replay events of this aggregate type (repeatable)
+    #[arg(long = "aggregate-type", value_name = "TYPE")]
+    pub aggregate_types: Vec<String>,
+
+    /// Replay events of this aggregate id (repeatable)
+    #[arg(long = "aggregate-id", value_name = "ID")]
+    pub aggregate_ids: Vec<String>,
+
+    /// Replay events of this event type (repeatable)
+    #[arg(long = "event-type", value_name = "TYPE")]
+    pub event_types: Vec<String>,
+
+    /// Replay events created at or after this time: RFC 3339
+    /// (2026-12-01T08:00:00Z), a UTC date (2026-12-01), or an age (24h:
+    /// that long ago)
+    #[arg(long, value_parser = parse_time, value_name = "TIME")]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+
+    /// Replay events created before this time (same forms as --since)
+    #[arg(long, value_parser = parse_time, value_name = "TIME")]
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+
+    /// Replay events whose id is this one or later (the ids outbox-core
+    /// gives, UUIDv7, are in creation order)
+    #[arg(long, value_name = "EVENT_ID")]
+    pub from_id: Option<String>,
+
+    /// Replay events whose id is this one or earlier
+    #[arg(long, value_name = "EVENT_ID")]
+    pub to_id: Option<String>,
+
+    /// Replay the events of this day partition of a partitioned outbox, as
+    /// `outbox-relay partitions` lists them (outbox_p20261201)
+    #[arg(long, value_name = "NAME")]
+    pub partition: Option<String>,
+
+    /// Send to this topic (routing key on RabbitMQ, subject template on
+    /// NATS) instead of each event's own; {aggregatetype} is replaced
+    #[arg(long, value_name = "TOPIC")]
+    pub to: Option<String>,
+
+    /// Show what would be sent (events per aggregate type, the largest
+    /// aggregates, the time range) and send nothing
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Print the dry run, or the finished replay's record, as JSON
+    #[arg(long)]
+    pub json: bool,
+
+    /// Send more than --confirm-over events without asking
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+
+    /// Replays of more events than this ask for confirmation (--yes) [default: 10000]
+    #[arg(long, value_name = "EVENTS")]
+    pub confirm_over: Option<u64>,
+
+    /// Events sent per second at most, 1 to 1000000 [default: no limit]
+    #[arg(long, value_name = "PER_SECOND")]
+    pub rate: Option<u64>,
+
+    /// Events read and sent at once, 1 to 10000 [default: 500]
+    #[arg(long)]
+    pub chunk_size: Option<u64>,
+
+    /// Continue the replay with this id after its last acknowledged chunk
+    /// (its selection and --to are its own)
+    #[arg(
+        long,
+        value_name = "REPLAY_ID",
+        conflicts_with_all = [
+            "aggregate_types", "aggregate_ids", "event_types", "since", "until", "from_id",
+            "to_id", "partition", "to", "dry_run"
+        ]
+    )]
+    pub resume: Option<String>,
+
+    /// Where and how messages are published.
+    #[command(flatten, next_help_heading = "Where and how to publish")]
+    pub output: SinkArgs,
+}
+
+/// Parses a time for `replay`: RFC 3339, a date (midnight UTC), or an age
+/// (that long before now).
+pub fn parse_time(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    use chrono::{DateTime, NaiveDate, Utc};
+    if let Ok(time) = DateTime::parse_from_rfc3339(text) {
+        return Ok(time.with_timezone(&Utc));
+    }
+    if let Ok(date) = NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        return Ok(date.and_time(chrono::NaiveTime::MIN).and_utc());
+    }
+    match humantime::parse_duration(text).map(chrono::Duration::from_std) {
+        Ok(Ok(age)) => Ok(Utc::now() - age),
+        _ => Err(
+            "expected an RFC 3339 time (2026-12-01T08:00:00Z), a date (2026-12-01) or an age \
+             (24h)"
+                .to_owned(),
+        ),
+    }
 }
 
 /// Parses `500ms`, `30s`, `10m`, `7d`, ...

@@ -14,8 +14,8 @@ use crate::cli::{
     PartitionsCommand, RetryArgs, RunMode, SinkKind, StatusArgs,
 };
 use crate::config::{
-    FileConfig, RunSettings, RunSettingsError, SettingsError, cleanup_retention, database_url,
-    maintenance_settings, remember_credentials, slot_name,
+    FileConfig, RunSettings, RunSettingsError, SettingsError, SinkSettings, cleanup_retention,
+    database_url, maintenance_settings, remember_credentials, slot_name,
 };
 use crate::database::Backend;
 use crate::health::{self, Health};
@@ -123,6 +123,9 @@ pub enum CommandError {
     /// CDC mode, or a replication slot command, failed.
     #[error(transparent)]
     Cdc(#[from] CdcError),
+    /// A replay failed or stopped.
+    #[error(transparent)]
+    Replay(#[from] crate::replay::ReplayError),
 }
 
 impl CommandError {
@@ -172,6 +175,9 @@ pub async fn execute(cli: Cli) -> Result<(), CommandError> {
         }
         Command::Cleanup(args) => cleanup(&database_url(&cli.global, &file), &args, &file).await,
         Command::Retry(args) => retry(&database_url(&cli.global, &file), &args).await,
+        Command::Replay(args) => {
+            crate::replay::command::execute(&database_url(&cli.global, &file), &args, &file).await
+        }
         Command::Cdc(CdcCommand::DropSlot(args)) => {
             let slot = slot_name(args.slot.clone(), &file)?;
             drop_slot(&database_url(&cli.global, &file), &slot, &args).await
@@ -184,7 +190,8 @@ async fn run(settings: RunSettings) -> Result<(), CommandError> {
     // Installed first: joining the shards already records metrics.
     let metrics = match settings.metrics_addr {
         Some(_) => Some(
-            crate::metrics::install(settings.sink.name()).map_err(CommandError::MetricsRecorder)?,
+            crate::metrics::install(settings.output.sink.name())
+                .map_err(CommandError::MetricsRecorder)?,
         ),
         None => None,
     };
@@ -221,20 +228,12 @@ async fn relay_from(
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     shutdown: Shutdown,
 ) -> Result<(), CommandError> {
-    let sink: Arc<dyn Sink> = match settings.sink {
-        SinkKind::Stdout => Arc::new(StdoutSink),
-        SinkKind::Kafka => Arc::new(KafkaSink::connect(settings.kafka.clone()).await?),
-        SinkKind::RabbitMq => Arc::new(RabbitMqSink::connect(settings.rabbitmq.clone()).await?),
-        SinkKind::Nats => Arc::new(NatsSink::connect(settings.nats.clone()).await?),
-    };
+    let sink = connect_sink(&settings.output).await?;
     tracing::info!(
         database = %redact_url(&settings.database_url),
         mode = ?settings.mode,
-        sink = ?settings.sink,
-        topics = %match &settings.router {
-            Some(router) if router.routes() => format!("router: {router}"),
-            _ => settings.topic_template.clone(),
-        },
+        sink = ?settings.output.sink,
+        topics = %topics_shown(&settings.output),
         batch_size = settings.relay.batch_size,
         "relay started"
     );
@@ -255,10 +254,7 @@ async fn relay_from(
             .await
             .map_err(|source| CommandError::Serve { addr, source })?;
     }
-    let mut topics = TopicTemplate::new(settings.topic_template);
-    if let Some(router) = settings.router {
-        topics = topics.with_router(router);
-    }
+    let topics = topics(&settings.output);
     let outcome = match postgres {
         None => Relay::new(source, sink, topics, settings.relay)
             .run(shutdown)
@@ -285,6 +281,33 @@ async fn relay_from(
         keeper.close().await;
     }
     outcome
+}
+
+/// Connects the sink the settings name.
+pub(crate) async fn connect_sink(output: &SinkSettings) -> Result<Arc<dyn Sink>, CommandError> {
+    Ok(match output.sink {
+        SinkKind::Stdout => Arc::new(StdoutSink),
+        SinkKind::Kafka => Arc::new(KafkaSink::connect(output.kafka.clone()).await?),
+        SinkKind::RabbitMq => Arc::new(RabbitMqSink::connect(output.rabbitmq.clone()).await?),
+        SinkKind::Nats => Arc::new(NatsSink::connect(output.nats.clone()).await?),
+    })
+}
+
+/// How rows become messages: the topic template, or the router's options.
+pub(crate) fn topics(output: &SinkSettings) -> TopicTemplate {
+    let topics = TopicTemplate::new(output.topic_template.clone());
+    match &output.router {
+        Some(router) => topics.with_router(router.clone()),
+        None => topics,
+    }
+}
+
+/// Where messages go, for the logs.
+pub(crate) fn topics_shown(output: &SinkSettings) -> String {
+    match &output.router {
+        Some(router) if router.routes() => format!("router: {router}"),
+        _ => output.topic_template.clone(),
+    }
 }
 
 /// With a partitioned outbox, starts keeping its partitions (see
@@ -510,16 +533,27 @@ async fn status(url: &str, args: &StatusArgs, slot: &str) -> Result<(), CommandE
         let source = source::connect(url, SourceOptions::default()).await?;
         (source.status().await?, None)
     };
+    let mut replays = recent_replays(url).await?;
     // Recorded errors are the brokers' and drivers' words.
-    for row in &mut status.dead_letter_rows {
-        if let Some(error) = &mut row.last_error {
-            *error = redact_text(error);
-        }
+    for error in status
+        .dead_letter_rows
+        .iter_mut()
+        .filter_map(|row| row.last_error.as_mut())
+        .chain(
+            replays
+                .iter_mut()
+                .filter_map(|replay| replay.last_error.as_mut()),
+        )
+    {
+        *error = redact_text(error);
     }
     if args.json {
         let mut json = serde_json::to_value(&status)?;
-        if let (Some(slot), Some(object)) = (&slot, json.as_object_mut()) {
-            object.insert("cdc_slot".into(), serde_json::to_value(slot)?);
+        if let Some(object) = json.as_object_mut() {
+            if let Some(slot) = &slot {
+                object.insert("cdc_slot".into(), serde_json::to_value(slot)?);
+            }
+            object.insert("replays".into(), serde_json::to_value(&replays)?);
         }
         println!("{}", serde_json::to_string_pretty(&json)?);
     } else {
@@ -527,6 +561,7 @@ async fn status(url: &str, args: &StatusArgs, slot: &str) -> Result<(), CommandE
         if let Some(slot) = &slot {
             print!("{}", slot_table(slot));
         }
+        print!("{}", crate::replay::command::replays_table(&replays));
     }
     if let (Some(max_lag), Some(age)) = (args.max_lag, status.backlog.oldest_pending_age_seconds)
         && age > max_lag.as_secs_f64()
@@ -537,6 +572,17 @@ async fn status(url: &str, args: &StatusArgs, slot: &str) -> Result<(), CommandE
         });
     }
     Ok(())
+}
+
+/// How many replays `status` lists.
+const REPLAYS_SHOWN: i64 = 5;
+
+/// The latest replays' audit records; none before the replay tables exist.
+async fn recent_replays(url: &str) -> Result<Vec<crate::replay::ReplayRecord>, CommandError> {
+    let store = crate::replay::store::connect(url).await?;
+    let replays = store.recent(REPLAYS_SHOWN).await;
+    store.close().await;
+    Ok(replays.map_err(crate::replay::ReplayError::query("reading the replays"))?)
 }
 
 fn format_age(seconds: f64) -> String {

@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use crate::cdc::slot::{DEFAULT_NAME, check_name};
 use crate::cli::{
-    CleanupArgs, Cli, Command, GlobalArgs, MaintainArgs, RunArgs, RunMode, SinkKind,
+    CleanupArgs, Cli, Command, GlobalArgs, MaintainArgs, RunArgs, RunMode, SinkArgs, SinkKind,
     parse_duration, parse_key_value,
 };
 use crate::database::Backend;
@@ -350,7 +350,12 @@ pub fn remember_credentials(cli: &Cli, file: &FileConfig) {
     for (key, value) in &file.kafka {
         redact::remember_setting(key, value);
     }
-    if let Command::Run(args) = &cli.command {
+    let output = match &cli.command {
+        Command::Run(args) => Some(&args.output),
+        Command::Replay(args) => Some(&args.output),
+        _ => None,
+    };
+    if let Some(args) = output {
         if let Some(url) = &args.amqp_url {
             redact::remember_url_credentials(url);
         }
@@ -400,6 +405,24 @@ pub struct RunSettings {
     pub slot: String,
     /// CDC mode's publication.
     pub publication: String,
+    /// Where and how messages are published.
+    pub output: SinkSettings,
+    /// The source's settlement options.
+    pub source: SourceOptions,
+    /// The loop's options.
+    pub relay: RelayOptions,
+    /// Where to serve /metrics, /healthz and /readyz, if anywhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// How often the gauges and connection checks are refreshed.
+    pub metrics_interval: Duration,
+    /// Maintenance of a partitioned outbox's day partitions, when asked
+    /// for (it then takes the place of the periodic cleanup).
+    pub partition_maintenance: Option<PartitionMaintenance>,
+}
+
+/// Where and how messages are published: what `run` and `replay` share.
+#[derive(Debug)]
+pub struct SinkSettings {
     /// The sink.
     pub sink: SinkKind,
     /// Kafka settings, used when the sink is Kafka.
@@ -413,17 +436,111 @@ pub struct RunSettings {
     /// Debezium router options, when any is given: they decide the topic
     /// (instead of the template) and tombstones.
     pub router: Option<Router>,
-    /// The source's settlement options.
-    pub source: SourceOptions,
-    /// The loop's options.
-    pub relay: RelayOptions,
-    /// Where to serve /metrics, /healthz and /readyz, if anywhere.
-    pub metrics_addr: Option<std::net::SocketAddr>,
-    /// How often the gauges and connection checks are refreshed.
-    pub metrics_interval: Duration,
-    /// Maintenance of a partitioned outbox's day partitions, when asked
-    /// for (it then takes the place of the periodic cleanup).
-    pub partition_maintenance: Option<PartitionMaintenance>,
+}
+
+impl SinkSettings {
+    /// Merges the command line, environment and file; `send_timeout` is
+    /// `--send-timeout` resolved, `resend_bound` how long an event may take
+    /// to be sent again (NATS keeps message ids that long).
+    fn resolve(
+        args: &SinkArgs,
+        file: &FileConfig,
+        send_timeout: &Given<Duration>,
+        resend_bound: ResendBound,
+    ) -> Result<Self, SettingsError> {
+        let sink = sink_kind(args, file);
+        let kafka = kafka_options(sink, args, file, send_timeout)?;
+        let rabbitmq = rabbitmq_options(
+            sink,
+            given(
+                "--amqp-url",
+                "amqp_url",
+                args.amqp_url.clone(),
+                file.amqp_url.clone(),
+            ),
+            &args.amqp_exchange,
+            args.amqp_max_unconfirmed,
+            args.amqp_allow_unroutable,
+            file,
+            send_timeout.value,
+        )?;
+        let nats = nats_options(sink, args, file, send_timeout.value, resend_bound)?;
+        Ok(Self {
+            sink,
+            kafka,
+            rabbitmq,
+            nats,
+            router: router(args, file)?,
+            topic_template: args
+                .topic_template
+                .clone()
+                .or_else(|| file.topic_template.clone())
+                .unwrap_or_else(|| outbox_contract::topic::DEFAULT_TEMPLATE.to_owned()),
+        })
+    }
+
+    /// The settings of `replay`, which sends each selected event once: an
+    /// event is sent again only when its send times out or fails.
+    pub fn for_replay(args: &SinkArgs, file: &FileConfig) -> Result<Self, SettingsError> {
+        let send_timeout = send_timeout(args, file)?;
+        let bound = ResendBound {
+            longest: send_timeout.value + crate::relay::RelayOptions::default().max_backoff,
+            made_of: format!("{} --send-timeout + backoff", shown(send_timeout.value)),
+        };
+        Self::resolve(args, file, &send_timeout, bound)
+    }
+}
+
+/// Allowed `--rate` of `replay`, events per second.
+pub const REPLAY_RATE: RangeInclusive<u64> = 1..=1_000_000;
+
+/// Everything `replay` needs besides its selection.
+#[derive(Debug)]
+pub struct ReplaySettings {
+    /// Where the events go, `--to` applied.
+    pub output: SinkSettings,
+    /// Chunk size and rate.
+    pub pace: crate::replay::Pace,
+    /// Replays of more events ask for confirmation.
+    pub confirm_over: u64,
+}
+
+impl ReplaySettings {
+    /// Merges the command line, environment and file; `to` (the
+    /// replay's `--to`, or a resumed replay's) replaces the topic template,
+    /// or the subject template on NATS, and the router's routing.
+    pub fn resolve(
+        args: &crate::cli::ReplayArgs,
+        to: Option<&str>,
+        file: &FileConfig,
+    ) -> Result<Self, SettingsError> {
+        let mut output = SinkSettings::for_replay(&args.output, file)?;
+        if let Some(to) = to {
+            if to.is_empty() {
+                return Err(SettingsError::new("--to is empty; name a topic"));
+            }
+            output.topic_template = to.to_owned();
+            output.router = output.router.map(|router| router.without_routes());
+            if output.sink == SinkKind::Nats {
+                output.nats.subject_template = SubjectTemplate::parse(to)
+                    .map_err(|error| SettingsError::new(format!("--to: {error}")))?;
+            }
+        }
+        let chunk = checked_count(
+            given("--chunk-size", "chunk_size", args.chunk_size, None),
+            &BATCH_SIZE,
+            500i64,
+        )?;
+        let rate = args
+            .rate
+            .map(|rate| check_count("--rate", rate, &REPLAY_RATE))
+            .transpose()?;
+        Ok(Self {
+            output,
+            pace: crate::replay::Pace { chunk, rate },
+            confirm_over: args.confirm_over.unwrap_or(10_000),
+        })
+    }
 }
 
 /// What the running relay's partition maintenance does.
@@ -452,7 +569,6 @@ impl RunSettings {
     ) -> Result<Self, RunSettingsError> {
         let database_url = database_url(global, file);
         let (mode, slot, publication) = mode_settings(&database_url, &args, file)?;
-        let sink = sink_kind(&args, file);
         let mut relay = relay_options(&database_url, &args, file)?;
         let partition_maintenance = partition_maintenance(&database_url, &args, file)?;
         if partition_maintenance.is_some() {
@@ -460,7 +576,7 @@ impl RunSettings {
             relay.retention = None;
         }
         let (shards, lease) = shard_count_and_lease(&args, file)?;
-        let send_timeout = send_timeout(&args, file)?;
+        let send_timeout = send_timeout(&args.output, file)?;
         relay.shutdown_timeout = send_timeout.value;
         let shard_config = shard_config(
             &database_url,
@@ -481,38 +597,15 @@ impl RunSettings {
             &METRICS_INTERVAL,
             Duration::from_secs(5),
         )?;
-        let kafka = kafka_options(sink, &args, file, &send_timeout)?;
-        let rabbitmq = rabbitmq_options(
-            sink,
-            given(
-                "--amqp-url",
-                "amqp_url",
-                args.amqp_url.clone(),
-                file.amqp_url.clone(),
-            ),
-            &args.amqp_exchange,
-            args.amqp_max_unconfirmed,
-            args.amqp_allow_unroutable,
-            file,
-            send_timeout.value,
-        )?;
         let bound = resend_bound(mode, &relay, shard_config.as_ref(), send_timeout.value);
-        let nats = nats_options(sink, &args, file, send_timeout.value, bound)?;
+        let output = SinkSettings::resolve(&args.output, file, &send_timeout, bound)?;
         let delete_on_publish = relay_deletes_on_publish(&args, file);
         Ok(Self {
             database_url,
             mode,
             slot,
             publication,
-            sink,
-            kafka,
-            rabbitmq,
-            nats,
-            router: router(&args, file)?,
-            topic_template: args
-                .topic_template
-                .or_else(|| file.topic_template.clone())
-                .unwrap_or_else(|| outbox_contract::topic::DEFAULT_TEMPLATE.to_owned()),
+            output,
             source: SourceOptions {
                 delete_on_publish,
                 shards: shard_config,
@@ -580,7 +673,7 @@ fn mode_settings(
 }
 
 /// The sink named, else the one whose address is given, else stdout.
-fn sink_kind(args: &RunArgs, file: &FileConfig) -> SinkKind {
+fn sink_kind(args: &SinkArgs, file: &FileConfig) -> SinkKind {
     args.sink
         .or(file.sink)
         .unwrap_or(if args.brokers.is_some() || file.brokers.is_some() {
@@ -713,7 +806,7 @@ fn shard_count_and_lease(
 }
 
 /// `--send-timeout`, named as the user gave it.
-fn send_timeout(args: &RunArgs, file: &FileConfig) -> Result<Given<Duration>, SettingsError> {
+fn send_timeout(args: &SinkArgs, file: &FileConfig) -> Result<Given<Duration>, SettingsError> {
     match given_duration(
         "--send-timeout",
         "send_timeout",
@@ -784,7 +877,7 @@ fn key_values(
 /// Debezium's router options from the file, then `--router` (later ones
 /// winning), if any is given; they and a topic template cannot both name
 /// the topic.
-fn router(args: &RunArgs, file: &FileConfig) -> Result<Option<Router>, SettingsError> {
+fn router(args: &SinkArgs, file: &FileConfig) -> Result<Option<Router>, SettingsError> {
     let options = key_values(&file.router, &args.router_options, "--router")?;
     if options.is_empty() {
         return Ok(None);
@@ -803,7 +896,7 @@ fn router(args: &RunArgs, file: &FileConfig) -> Result<Option<Router>, SettingsE
 /// is the sink.
 fn kafka_options(
     sink: SinkKind,
-    args: &RunArgs,
+    args: &SinkArgs,
     file: &FileConfig,
     send_timeout: &Given<Duration>,
 ) -> Result<KafkaOptions, SettingsError> {
@@ -898,7 +991,7 @@ fn rabbitmq_options(
 /// checked when it is the sink.
 fn nats_options(
     sink: SinkKind,
-    args: &RunArgs,
+    args: &SinkArgs,
     file: &FileConfig,
     send_timeout: Duration,
     resend_bound: ResendBound,
@@ -1174,10 +1267,13 @@ mod tests {
             RunSettings::resolve(&global(None), RunArgs::default(), &FileConfig::default())
                 .unwrap();
         assert_eq!(settings.database_url, DEFAULT_DATABASE_URL);
-        assert_eq!(settings.sink, SinkKind::Stdout);
-        assert_eq!(settings.topic_template, "outbox.event.{aggregatetype}");
+        assert_eq!(settings.output.sink, SinkKind::Stdout);
+        assert_eq!(
+            settings.output.topic_template,
+            "outbox.event.{aggregatetype}"
+        );
         assert_eq!(settings.relay.poll_interval, Duration::from_millis(100));
-        assert!(settings.kafka.create_topics);
+        assert!(settings.output.kafka.create_topics);
         assert!(
             settings.source.shards.is_none(),
             "one relay per SQLite file"
@@ -1249,15 +1345,15 @@ mod tests {
         };
         let settings =
             RunSettings::resolve(&global(Some("postgres://db/test")), args, &file).unwrap();
-        assert_eq!(settings.sink, SinkKind::Kafka);
-        assert_eq!(settings.kafka.brokers, "file:9092");
+        assert_eq!(settings.output.sink, SinkKind::Kafka);
+        assert_eq!(settings.output.kafka.brokers, "file:9092");
         assert_eq!(settings.relay.batch_size, 7);
         assert_eq!(settings.relay.poll_interval, Duration::from_secs(2));
         let shards = settings.source.shards.expect("PostgreSQL shares shards");
         assert_eq!((shards.count, shards.lease), (16, Duration::from_secs(10)));
-        assert!(!settings.kafka.create_topics);
+        assert!(!settings.output.kafka.create_topics);
         assert_eq!(
-            settings.kafka.client_options,
+            settings.output.kafka.client_options,
             [("compression.type".to_owned(), "lz4".to_owned())]
         );
     }
@@ -1273,11 +1369,14 @@ mod tests {
         )
         .unwrap();
         let settings = RunSettings::resolve(&global(None), RunArgs::default(), &file).unwrap();
-        assert_eq!(settings.sink, SinkKind::RabbitMq);
-        assert_eq!(settings.rabbitmq.url, "amqp://app:s3cret@rabbit:5672/prod");
-        assert_eq!(settings.rabbitmq.exchange, "events");
-        assert_eq!(settings.rabbitmq.max_unconfirmed, 64);
-        assert!(settings.rabbitmq.mandatory);
+        assert_eq!(settings.output.sink, SinkKind::RabbitMq);
+        assert_eq!(
+            settings.output.rabbitmq.url,
+            "amqp://app:s3cret@rabbit:5672/prod"
+        );
+        assert_eq!(settings.output.rabbitmq.exchange, "events");
+        assert_eq!(settings.output.rabbitmq.max_unconfirmed, 64);
+        assert!(settings.output.rabbitmq.mandatory);
 
         let resolve = |args: RunArgs| {
             RunSettings::resolve(&global(None), args, &FileConfig::default())
@@ -1285,22 +1384,31 @@ mod tests {
                 .to_string()
         };
         let error = resolve(RunArgs {
-            sink: Some(SinkKind::RabbitMq),
-            amqp_url: Some("amqp://app:s3cret@rabbit:port/".into()),
+            output: SinkArgs {
+                sink: Some(SinkKind::RabbitMq),
+                amqp_url: Some("amqp://app:s3cret@rabbit:port/".into()),
+                ..SinkArgs::default()
+            },
             ..RunArgs::default()
         });
         assert!(error.starts_with("--amqp-url: not a URL"), "{error}");
         assert!(!error.contains("s3cret"), "{error}");
         let error = resolve(RunArgs {
-            sink: Some(SinkKind::RabbitMq),
-            amqp_max_unconfirmed: Some(0),
+            output: SinkArgs {
+                sink: Some(SinkKind::RabbitMq),
+                amqp_max_unconfirmed: Some(0),
+                ..SinkArgs::default()
+            },
             ..RunArgs::default()
         });
         assert_eq!(error, "--amqp-max-unconfirmed is 0; it must be 1 to 100000");
         // Another sink does not look at the URL.
         let args = RunArgs {
-            sink: Some(SinkKind::Stdout),
-            amqp_url: Some("nonsense".into()),
+            output: SinkArgs {
+                sink: Some(SinkKind::Stdout),
+                amqp_url: Some("nonsense".into()),
+                ..SinkArgs::default()
+            },
             ..RunArgs::default()
         };
         assert!(RunSettings::resolve(&global(None), args, &FileConfig::default()).is_ok());
@@ -1323,14 +1431,18 @@ mod tests {
             &file,
         )
         .unwrap();
-        assert_eq!(settings.sink, SinkKind::Nats);
-        assert_eq!(settings.nats.url, "nats://app:s3cret@nats:4222");
-        assert_eq!(settings.nats.stream, "EVENTS");
+        assert_eq!(settings.output.sink, SinkKind::Nats);
+        assert_eq!(settings.output.nats.url, "nats://app:s3cret@nats:4222");
+        assert_eq!(settings.output.nats.stream, "EVENTS");
         assert_eq!(
-            settings.nats.subject_template.subject("Order", "4.2"),
+            settings
+                .output
+                .nats
+                .subject_template
+                .subject("Order", "4.2"),
             "events.Order.4%2E2"
         );
-        assert_eq!(settings.nats.max_pending, 64);
+        assert_eq!(settings.output.nats.max_pending, 64);
 
         let resolve = |args: RunArgs| {
             RunSettings::resolve(&global(None), args, &FileConfig::default())
@@ -1338,22 +1450,34 @@ mod tests {
                 .to_string()
         };
         let nats = |args: RunArgs| RunArgs {
-            sink: Some(SinkKind::Nats),
+            output: SinkArgs {
+                sink: Some(SinkKind::Nats),
+                ..args.output
+            },
             ..args
         };
         let error = resolve(nats(RunArgs {
-            nats_url: Some("nats://app:s3cret@nats:port".into()),
+            output: SinkArgs {
+                nats_url: Some("nats://app:s3cret@nats:port".into()),
+                ..SinkArgs::default()
+            },
             ..RunArgs::default()
         }));
         assert!(error.starts_with("--nats-url: not a URL"), "{error}");
         assert!(!error.contains("s3cret"), "{error}");
         let error = resolve(nats(RunArgs {
-            nats_max_pending: Some(0),
+            output: SinkArgs {
+                nats_max_pending: Some(0),
+                ..SinkArgs::default()
+            },
             ..RunArgs::default()
         }));
         assert_eq!(error, "--nats-max-pending is 0; it must be 1 to 100000");
         let error = resolve(nats(RunArgs {
-            nats_subject: Some("outbox.>".into()),
+            output: SinkArgs {
+                nats_subject: Some("outbox.>".into()),
+                ..SinkArgs::default()
+            },
             ..RunArgs::default()
         }));
         assert!(
@@ -1361,15 +1485,21 @@ mod tests {
             "{error}"
         );
         let error = resolve(nats(RunArgs {
-            nats_stream: Some("OUT BOX".into()),
+            output: SinkArgs {
+                nats_stream: Some("OUT BOX".into()),
+                ..SinkArgs::default()
+            },
             ..RunArgs::default()
         }));
         assert!(error.starts_with("--nats-stream:"), "{error}");
         // Another sink does not look at them.
         let args = RunArgs {
-            sink: Some(SinkKind::Stdout),
-            nats_url: Some("nonsense://".into()),
-            nats_subject: Some("a..b".into()),
+            output: SinkArgs {
+                sink: Some(SinkKind::Stdout),
+                nats_url: Some("nonsense://".into()),
+                nats_subject: Some("a..b".into()),
+                ..SinkArgs::default()
+            },
             ..RunArgs::default()
         };
         assert!(RunSettings::resolve(&global(None), args, &FileConfig::default()).is_ok());
@@ -1381,12 +1511,16 @@ mod tests {
             RunSettings::resolve(
                 &global(Some(database)),
                 RunArgs {
-                    sink: Some(SinkKind::Nats),
+                    output: SinkArgs {
+                        sink: Some(SinkKind::Nats),
+                        ..args.output
+                    },
                     ..args
                 },
                 &FileConfig::default(),
             )
             .unwrap()
+            .output
             .nats
             .resend_bound
         };
@@ -1400,7 +1534,10 @@ mod tests {
             "postgres://db/test",
             RunArgs {
                 lease: Some(Duration::from_secs(60)),
-                send_timeout: Some(Duration::from_secs(5)),
+                output: SinkArgs {
+                    send_timeout: Some(Duration::from_secs(5)),
+                    ..SinkArgs::default()
+                },
                 ..RunArgs::default()
             },
         );
@@ -1434,11 +1571,14 @@ mod tests {
         )
         .unwrap();
         let args = RunArgs {
-            router_options: vec!["route.topic.replacement=events.${routedByValue}".into()],
+            output: SinkArgs {
+                router_options: vec!["route.topic.replacement=events.${routedByValue}".into()],
+                ..SinkArgs::default()
+            },
             ..RunArgs::default()
         };
         let settings = RunSettings::resolve(&global(Some("sqlite://x.db")), args, &file).unwrap();
-        let router = settings.router.expect("router options given");
+        let router = settings.output.router.expect("router options given");
         let mut row = crate::record::test_record("e-1", "42", 0);
         row.event_type = "OrderPlaced".into();
         assert_eq!(router.topic(&row), "events.OrderPlaced");
@@ -1449,7 +1589,7 @@ mod tests {
             &FileConfig::default(),
         )
         .unwrap();
-        assert!(none.router.is_none());
+        assert!(none.output.router.is_none());
 
         let error = |args: RunArgs| {
             RunSettings::resolve(&global(Some("sqlite://x.db")), args, &FileConfig::default())
@@ -1458,15 +1598,21 @@ mod tests {
         };
         assert_eq!(
             error(RunArgs {
-                router_options: vec!["route.by.feld=type".into()],
+                output: SinkArgs {
+                    router_options: vec!["route.by.feld=type".into()],
+                    ..SinkArgs::default()
+                },
                 ..RunArgs::default()
             }),
             "--router: unknown router option \"route.by.feld\"; did you mean \"route.by.field\"?"
         );
         assert_eq!(
             error(RunArgs {
-                router_options: vec!["route.by.field=aggregateid".into()],
-                topic_template: Some("t.{aggregatetype}".into()),
+                output: SinkArgs {
+                    router_options: vec!["route.by.field=aggregateid".into()],
+                    topic_template: Some("t.{aggregatetype}".into()),
+                    ..SinkArgs::default()
+                },
                 ..RunArgs::default()
             }),
             "--topic-template and the router's route.* options both name the topic; use one"
@@ -1475,14 +1621,22 @@ mod tests {
         let tombstones = RunSettings::resolve(
             &global(Some("sqlite://x.db")),
             RunArgs {
-                router_options: vec!["route.tombstone.on.empty.payload=true".into()],
-                topic_template: Some("t.{aggregatetype}".into()),
+                output: SinkArgs {
+                    router_options: vec!["route.tombstone.on.empty.payload=true".into()],
+                    topic_template: Some("t.{aggregatetype}".into()),
+                    ..SinkArgs::default()
+                },
                 ..RunArgs::default()
             },
             &FileConfig::default(),
         )
         .unwrap();
-        assert!(tombstones.router.is_some_and(|router| !router.routes()));
+        assert!(
+            tombstones
+                .output
+                .router
+                .is_some_and(|router| !router.routes())
+        );
     }
 
     #[test]
@@ -1529,9 +1683,12 @@ mod tests {
     fn producer_settings_must_leave_the_relay_able_to_send() {
         let resolve = |send: Option<u64>, options: &[&str]| {
             let args = RunArgs {
-                sink: Some(SinkKind::Kafka),
-                send_timeout: send.map(Duration::from_secs),
-                kafka_options: options.iter().map(|option| option.to_string()).collect(),
+                output: SinkArgs {
+                    sink: Some(SinkKind::Kafka),
+                    send_timeout: send.map(Duration::from_secs),
+                    kafka_options: options.iter().map(|option| option.to_string()).collect(),
+                    ..SinkArgs::default()
+                },
                 ..RunArgs::default()
             };
             RunSettings::resolve(
@@ -1565,8 +1722,11 @@ mod tests {
         assert!(resolve(None, &["acks=all", "enable.idempotence=true"]).is_ok());
         // Another sink ignores them.
         let args = RunArgs {
-            sink: Some(SinkKind::Stdout),
-            kafka_options: vec!["acks=1".into()],
+            output: SinkArgs {
+                sink: Some(SinkKind::Stdout),
+                kafka_options: vec!["acks=1".into()],
+                ..SinkArgs::default()
+            },
             ..RunArgs::default()
         };
         assert!(RunSettings::resolve(&global(None), args, &FileConfig::default()).is_ok());

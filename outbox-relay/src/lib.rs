@@ -28,6 +28,7 @@ pub mod progress;
 pub mod record;
 pub mod redact;
 pub mod relay;
+pub mod replay;
 pub mod router;
 pub mod server;
 pub mod shutdown;

@@ -188,6 +188,15 @@ impl Router {
         self.routes
     }
 
+    /// The same payload options without the routing: every row to the
+    /// topic a template names (a replay's `--to`).
+    pub fn without_routes(&self) -> Self {
+        Self {
+            routes: false,
+            ..self.clone()
+        }
+    }
+
     /// The topic of a row.
     pub fn topic(&self, record: &OutboxRecord) -> String {
         let value = self.route_by.value(record);

@@ -455,24 +455,7 @@ async fn a_live_plain_outbox_converts(backend: Backend, earlier: &str) {
         &[("DATABASE_URL", &t.url)],
     );
     // Writers keep appending to the same few aggregates throughout.
-    let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = (0..3)
-        .map(|writer| {
-            let db = t.db.clone();
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let mut ids = Vec::new();
-                let mut round = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let aggregate = format!("acct-{}", (writer + round) % 4);
-                    let appended = append_events(&db, &aggregate, 3).await;
-                    ids.extend(appended.iter().map(|event| event.id.to_string()));
-                    round += 1;
-                }
-                ids
-            })
-        })
-        .collect();
+    let (stop, writers) = spawn_writers(&t, "acct", 4);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = t.count("outbox").await;
     migrate_partitioned(&t);
@@ -503,6 +486,35 @@ async fn a_live_plain_outbox_converts(backend: Backend, earlier: &str) {
     relay.terminate();
     check_printed(&relay.stdout(), &written);
     t.drop().await;
+}
+
+/// Three writers appending three events at a time to `aggregates`
+/// aggregates (`<prefix>-0`, ...) in turn until `stop` is set; each returns
+/// the ids it wrote.
+fn spawn_writers(
+    t: &TestDb,
+    prefix: &'static str,
+    aggregates: usize,
+) -> (Arc<AtomicBool>, Vec<tokio::task::JoinHandle<Vec<String>>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = (0..3)
+        .map(|writer| {
+            let db = t.db.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                let mut round = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let aggregate = format!("{prefix}-{}", (writer + round) % aggregates);
+                    let appended = append_events(&db, &aggregate, 3).await;
+                    ids.extend(appended.iter().map(|event| event.id.to_string()));
+                    round += 1;
+                }
+                ids
+            })
+        })
+        .collect();
+    (stop, writers)
 }
 
 /// Waits until `/readyz` answers 200 with a body `check` accepts, and
@@ -677,4 +689,125 @@ async fn partitions_are_refused_where_they_cannot_work() {
     let (code, _, stderr) = relay_command(&t, &["migrate"]);
     assert_eq!(code, 0, "{stderr}");
     t.drop().await;
+}
+
+/// Two relays sharing a partitioned outbox by shards, each with partition
+/// maintenance on a one-second schedule (so both try to maintain at once,
+/// and often),
+/// while writers append to the same few aggregates and rows of a past day
+/// wait to be published and their day dropped. A separate Kafka consumer
+/// reads every written event, each aggregate's in the order its writers
+/// numbered them; the past day is dropped once published, and no
+/// maintenance run fails.
+async fn sharded_relays_maintain_a_partitioned_outbox_together(backend: Backend) {
+    let brokers = outbox_tests::kafka::brokers();
+    let prefix = outbox_tests::kafka::topic_prefix("partitioned-shards");
+    let template = format!("{prefix}.{{aggregatetype}}");
+    let t = TestDb::new(backend).await;
+    migrate_partitioned(&t);
+    let mut written = Vec::new();
+    for _ in 0..3 {
+        written.push(insert_at(&t, "old-10", &days_ago(&t, 10), false).await);
+    }
+    let args = [
+        "run",
+        "--sink",
+        "kafka",
+        "--brokers",
+        brokers.as_str(),
+        "--topic-template",
+        template.as_str(),
+        "--shards",
+        "4",
+        "--batch-size",
+        "20",
+        "--partition-maintenance",
+        "--retention",
+        "0s",
+        "--cleanup-interval",
+        "1s",
+    ];
+    let mut relays: Vec<RelayProcess> = (0..2)
+        .map(|_| RelayProcess::spawn(Path::new(RELAY), &args, &[("DATABASE_URL", &t.url)]))
+        .collect();
+    let (stop, writers) = spawn_writers(&t, "inv", 5);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        written.extend(writer.await.expect("writer"));
+    }
+    // Published, the past day's rows go with their partition.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let pending = t.pending().await;
+        let old_rows = t
+            .count(&format!(
+                "outbox WHERE aggregateid = 'old-10' AND created_at < {}",
+                days_ago(&t, 5)
+            ))
+            .await;
+        if pending == 0 && old_rows == 0 {
+            break;
+        }
+        for relay in &mut relays {
+            assert!(
+                relay.is_running(),
+                "a relay stopped:\n{}",
+                relay.terminate()
+            );
+        }
+        if Instant::now() > deadline {
+            let listed = names(&partitions(&t), "partitions");
+            let ownership = t.describe_ownership().await;
+            let logs: Vec<String> = relays.iter_mut().map(RelayProcess::terminate).collect();
+            panic!(
+                "{pending} pending, {old_rows} rows of the past day left; partitions {listed:?}\n\
+                 {ownership}\n{}",
+                logs.join("\n----\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for relay in &mut relays {
+        let stderr = relay.terminate();
+        assert!(
+            !stderr.contains("partition maintenance failed"),
+            "a maintenance run failed:\n{stderr}"
+        );
+    }
+    let messages = outbox_tests::kafka::consume(
+        &brokers,
+        &format!("{prefix}.Invoice"),
+        written.len() - 3,
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+    );
+    let mut lines: Vec<String> = messages
+        .iter()
+        .map(|message| {
+            serde_json::json!({ "key": message.key, "headers": message.headers }).to_string()
+        })
+        .collect();
+    let ledger = outbox_tests::kafka::consume(
+        &brokers,
+        &format!("{prefix}.Ledger"),
+        3,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    lines.extend(ledger.iter().map(|message| {
+        serde_json::json!({ "key": message.key, "headers": message.headers }).to_string()
+    }));
+    check_printed(&lines, &written);
+    t.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sharded_relays_maintain_a_partitioned_outbox_together_postgres() {
+    sharded_relays_maintain_a_partitioned_outbox_together(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sharded_relays_maintain_a_partitioned_outbox_together_mariadb() {
+    sharded_relays_maintain_a_partitioned_outbox_together(Backend::MySql).await;
 }

@@ -46,6 +46,7 @@ fn event(aggregate_id: &str, sequence: Option<i64>) -> EventMetadata {
         aggregate_id: Some(aggregate_id.into()),
         aggregate_sequence: sequence,
         traceparent: None,
+        replay_id: None,
     }
 }
 

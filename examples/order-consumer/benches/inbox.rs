@@ -248,6 +248,7 @@ fn events(args: &Args, round: usize, mode: usize) -> Vec<(EventMetadata, OrderEv
                 aggregate_id: Some(order_id.to_string()),
                 aggregate_sequence: Some(sequences[slot]),
                 traceparent: None,
+                replay_id: None,
             };
             let event = OrderEvent::LineAdded(OrderLineAdded {
                 order_id,

@@ -160,6 +160,12 @@ pub struct EventMetadata {
     pub aggregate_sequence: Option<i64>,
     /// The W3C trace context (`traceparent` header), if present.
     pub traceparent: Option<String>,
+    /// The replay that sent this copy of the event again (`replayId`
+    /// header), if it is one: `outbox-relay replay` re-sends published
+    /// events with their own ids, so an inbox that applied the event
+    /// reports the copy as a duplicate; a consumer rebuilding its state
+    /// from a replay applies it like the original.
+    pub replay_id: Option<String>,
 }
 
 impl EventMetadata {
@@ -219,6 +225,7 @@ impl EventMetadata {
             })
             .transpose()?;
         let traceparent = optional_text(message, headers::TRACEPARENT)?.map(str::to_owned);
+        let replay_id = optional_text(message, headers::REPLAY_ID)?.map(str::to_owned);
         let aggregate_id = message
             .key
             .map(|key| {
@@ -241,6 +248,7 @@ impl EventMetadata {
             aggregate_id,
             aggregate_sequence,
             traceparent,
+            replay_id,
         })
     }
 }

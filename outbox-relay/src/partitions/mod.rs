@@ -81,6 +81,22 @@ pub const DROP_LOCK_TIMEOUT: Duration = Duration::from_millis(1000);
 /// ([`crate::contract::wakeup::LOCK_KEY`]).
 pub const MAINTENANCE_LOCK: (i32, i32) = (crate::contract::wakeup::LOCK_KEY, 100);
 
+/// PostgreSQL: the advisory lock every claim holds shared for its
+/// transaction, and a drop exclusively before it locks the outbox: the
+/// drop waits for the claims open then (not for the next ones, which wait
+/// for it before they lock anything), so writers queue behind the drop's
+/// lock for the time a claim takes, never behind a claim that waits for
+/// them. One lock per outbox table: the single 64-bit key
+/// [`drop_lock_key`] computes, this key in its high half and the table's
+/// oid in its low half (a key space apart from the two-key locks).
+pub const DROP_LOCK: i64 = (crate::contract::wakeup::LOCK_KEY as i64) << 32;
+
+/// [`DROP_LOCK`]'s key for the outbox the session's search path finds,
+/// with [`DROP_LOCK`] bound as `$n`.
+pub fn drop_lock_key(n: usize) -> String {
+    format!("(${n}::bigint | 'outbox'::regclass::oid::bigint)")
+}
+
 /// MariaDB/MySQL: the named lock one maintenance holds at a time.
 pub const MAINTENANCE_LOCK_NAME: &str = "outbox_partition_maintenance";
 
@@ -106,6 +122,21 @@ pub enum PartitionError {
 }
 
 impl PartitionError {
+    /// Whether a statement failed because a partition it named no longer
+    /// exists (PostgreSQL 42P01; MariaDB/MySQL 1735, "Unknown partition"):
+    /// another maintenance dropped it.
+    pub(crate) fn is_vanished(error: &sqlx::Error) -> bool {
+        match error {
+            sqlx::Error::Database(db) => {
+                matches!(db.code().as_deref(), Some("42P01"))
+                    || db
+                        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .is_some_and(|error| error.number() == 1735)
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn query(what: &'static str) -> impl FnOnce(sqlx::Error) -> Self {
         move |source| Self::Query { what, source }
     }
@@ -384,6 +415,7 @@ pub async fn maintain(
                 dead_letters,
                 reason: "rows in it are not published".into(),
             }),
+            Outcome::Gone => {}
             Outcome::Busy => maintenance.kept.push(Kept {
                 name: partition.name,
                 pending: partition.pending,
@@ -414,6 +446,9 @@ pub enum Outcome {
     },
     /// The outbox's lock was not free in time: kept for the next run.
     Busy,
+    /// It no longer exists: another maintenance dropped it since it was
+    /// listed.
+    Gone,
 }
 
 #[cfg(test)]

@@ -148,20 +148,23 @@ fn is_lock_wait_timeout(error: &dyn sqlx::error::DatabaseError) -> bool {
 async fn unpublished(
     conn: &mut MySqlConnection,
     partition: &str,
-) -> Result<(i64, i64), PartitionError> {
+) -> Result<Option<(i64, i64)>, PartitionError> {
     let table = format!("outbox PARTITION (`{}`)", partition.replace('`', "``"));
     let mut counts = [0i64; 2];
     for (count, dead) in counts.iter_mut().zip(["IS NULL", "IS NOT NULL"]) {
-        *count = sqlx::query_scalar(AssertSqlSafe(format!(
+        let counted = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT COUNT(*) FROM {table} WHERE published_at IS NULL AND dead_lettered_at {dead}"
         )))
         .fetch_one(&mut *conn)
-        .await
-        .map_err(PartitionError::query(
-            "counting a partition's unpublished rows",
-        ))?;
+        .await;
+        *count = match counted {
+            Err(error) if PartitionError::is_vanished(&error) => return Ok(None),
+            other => other.map_err(PartitionError::query(
+                "counting a partition's unpublished rows",
+            ))?,
+        };
     }
-    Ok((counts[0], counts[1]))
+    Ok(Some((counts[0], counts[1])))
 }
 
 #[async_trait]
@@ -227,7 +230,11 @@ impl Store for MySqlStore {
         let mut from = None;
         let mut partitions = Vec::new();
         for described in self.described().await? {
-            let (pending, dead_letters) = unpublished(&mut conn, &described.name).await?;
+            // Dropped by another maintenance since it was described.
+            let Some((pending, dead_letters)) = unpublished(&mut conn, &described.name).await?
+            else {
+                continue;
+            };
             partitions.push(Partition {
                 from,
                 to: described.to,
@@ -287,7 +294,8 @@ impl Store for MySqlStore {
             }
             Err(error) => return Err(PartitionError::query(what)(error)),
             Ok(_) => match unpublished(&mut conn, partition).await? {
-                (0, 0) => {
+                None => Outcome::Gone,
+                Some((0, 0)) => {
                     sqlx::query(AssertSqlSafe(format!(
                         "ALTER TABLE outbox DROP PARTITION `{}`",
                         partition.replace('`', "``")
@@ -299,7 +307,7 @@ impl Store for MySqlStore {
                         locked: started.elapsed(),
                     }
                 }
-                (pending, dead_letters) => Outcome::Unpublished {
+                Some((pending, dead_letters)) => Outcome::Unpublished {
                     pending,
                     dead_letters,
                 },

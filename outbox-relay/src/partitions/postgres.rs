@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use sqlx::{AssertSqlSafe, PgPool, Row};
 
 use super::{
-    DROP_LOCK_TIMEOUT, MAINTENANCE_LOCK, Outcome, Partition, PartitionError, Range, Store,
+    DROP_LOCK, DROP_LOCK_TIMEOUT, MAINTENANCE_LOCK, Outcome, Partition, PartitionError, Range,
+    Store,
 };
 
 /// A PostgreSQL database's outbox partitions.
@@ -50,11 +51,17 @@ impl Store for PgStore {
         for row in rows {
             let name: String = row.get("name");
             let estimate: i64 = row.get("estimate");
-            let (pending, dead_letters) = unpublished(pool, &name).await?;
+            // Dropped by another maintenance since it was listed.
+            let Some((pending, dead_letters)) = unpublished(pool, &name).await? else {
+                continue;
+            };
             let (rows, rows_estimated) = if estimate >= 0 {
                 (estimate.max(pending + dead_letters), true)
             } else {
-                (count(pool, &name).await?, false)
+                match count(pool, &name).await? {
+                    Some(rows) => (rows, false),
+                    None => continue,
+                }
             };
             partitions.push(Partition {
                 name,
@@ -102,6 +109,21 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await
             .map_err(PartitionError::query(what))?;
+        // Claims open now end first; later ones wait (DROP_LOCK).
+        let drop_lock = sqlx::query(AssertSqlSafe(format!(
+            "SELECT pg_advisory_xact_lock({})",
+            super::drop_lock_key(1)
+        )))
+        .bind(DROP_LOCK)
+        .execute(&mut *tx)
+        .await;
+        match drop_lock {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {
+                return Ok(Outcome::Busy);
+            }
+            Err(error) => return Err(PartitionError::query(what)(error)),
+        }
         // The root (which every insert through it needs) and this partition
         // only, not every other partition.
         let lock = format!(
@@ -114,9 +136,12 @@ impl Store for PgStore {
             Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {
                 return Ok(Outcome::Busy);
             }
+            Err(error) if PartitionError::is_vanished(&error) => return Ok(Outcome::Gone),
             Err(error) => return Err(PartitionError::query(what)(error)),
         }
-        let (pending, dead_letters) = unpublished(&mut *tx, partition).await?;
+        let Some((pending, dead_letters)) = unpublished(&mut *tx, partition).await? else {
+            return Ok(Outcome::Gone);
+        };
         if pending > 0 || dead_letters > 0 {
             return Ok(Outcome::Unpublished {
                 pending,
@@ -147,33 +172,44 @@ impl Store for PgStore {
 }
 
 /// The pending and the dead-lettered rows of `partition` (both read
-/// through partial indexes).
-async fn unpublished<'c, E>(executor: E, partition: &str) -> Result<(i64, i64), PartitionError>
+/// through partial indexes); `None` when it no longer exists.
+async fn unpublished<'c, E>(
+    executor: E,
+    partition: &str,
+) -> Result<Option<(i64, i64)>, PartitionError>
 where
     E: sqlx::PgExecutor<'c>,
 {
     let table = quote_ident(partition);
-    sqlx::query_as(AssertSqlSafe(format!(
+    let counted = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT (SELECT count(*) FROM {table} \
                  WHERE published_at IS NULL AND dead_lettered_at IS NULL), \
                 (SELECT count(*) FROM {table} WHERE dead_lettered_at IS NOT NULL)"
     )))
     .fetch_one(executor)
-    .await
-    .map_err(PartitionError::query(
-        "counting a partition's unpublished rows",
-    ))
+    .await;
+    match counted {
+        Ok(counts) => Ok(Some(counts)),
+        Err(error) if PartitionError::is_vanished(&error) => Ok(None),
+        Err(error) => Err(PartitionError::query(
+            "counting a partition's unpublished rows",
+        )(error)),
+    }
 }
 
-/// The rows of `partition`, counted.
-async fn count(pool: &PgPool, partition: &str) -> Result<i64, PartitionError> {
-    sqlx::query_scalar(AssertSqlSafe(format!(
+/// The rows of `partition`, counted; `None` when it no longer exists.
+async fn count(pool: &PgPool, partition: &str) -> Result<Option<i64>, PartitionError> {
+    let counted = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT count(*) FROM {}",
         quote_ident(partition)
     )))
     .fetch_one(pool)
-    .await
-    .map_err(PartitionError::query("counting a partition's rows"))
+    .await;
+    match counted {
+        Ok(rows) => Ok(Some(rows)),
+        Err(error) if PartitionError::is_vanished(&error) => Ok(None),
+        Err(error) => Err(PartitionError::query("counting a partition's rows")(error)),
+    }
 }
 
 /// Whether the outbox the search path finds is a partitioned table (false

@@ -13,7 +13,8 @@
 //! Each message goes to subject `outbox.event.<aggregatetype>.<aggregateid>`
 //! (the [`subject::SubjectTemplate`]; both values encoded as one token each,
 //! reversibly), with the header `Nats-Msg-Id` set to the event id, so that
-//! the stream drops a re-send inside its duplicate window, and the headers
+//! the stream drops a re-send inside its duplicate window (a replayed copy's
+//! is `<event id>:<replay id>`, a message of its own), and the headers
 //! of the other brokers: the Kafka headers (`id`, `eventType`,
 //! `eventVersion`, `aggregateSequence` and `traceparent` where present)
 //! plus `aggregateType` and `aggregateId` (the original id). The body is the
@@ -304,13 +305,21 @@ fn header_value(name: &str, value: &str) -> Result<HeaderValue, SendError> {
 /// carried by a NATS header.
 pub fn message_headers(message: &Message) -> Result<HeaderMap, SendError> {
     let mut map = HeaderMap::new();
-    let id = message
-        .headers
-        .iter()
-        .find(|(name, _)| *name == headers::ID)
-        .map(|(_, id)| id.as_str())
-        .unwrap_or_default();
-    map.insert(MSG_ID_HEADER, header_value("event id", id)?);
+    let header = |wanted: &str| {
+        message
+            .headers
+            .iter()
+            .find(|(name, _)| *name == wanted)
+            .map(|(_, value)| value.as_str())
+    };
+    let id = header(headers::ID).unwrap_or_default();
+    // A replayed copy is a message of its own to JetStream's deduplication,
+    // which would drop it within the window as the event's first send.
+    let msg_id = match header(headers::REPLAY_ID) {
+        Some(replay) => format!("{id}:{replay}"),
+        None => id.to_owned(),
+    };
+    map.insert(MSG_ID_HEADER, header_value("event id", &msg_id)?);
     for (name, value) in &message.headers {
         map.insert(*name, header_value(name, value)?);
     }

@@ -80,13 +80,16 @@ pub trait Dialect: Sized + Send + Sync + 'static {
     const CLAIMS_AHEAD: bool = false;
 
     /// Sets up a claim's connection before anything is read, given the
-    /// shard ownership this instance takes part in.
+    /// shard ownership this instance takes part in. A claim `ahead` (while
+    /// another of this relay is open) may yield instead: `false` then, and
+    /// the relay claims after its settle.
     async fn begin_claim(
         conn: &mut Connection<Self>,
         sharding: Option<&ShardConfig>,
-    ) -> Result<(), sqlx::Error> {
-        let _ = (conn, sharding);
-        Ok(())
+        ahead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let _ = (conn, sharding, ahead);
+        Ok(true)
     }
 
     /// Reads (and, in the claim's transaction `conn`, locks) up to

@@ -38,6 +38,7 @@ use crate::metrics::BatchObservation;
 use crate::record::OutboxRecord;
 use crate::redact::redact_url;
 pub(crate) use dead_letters::redrive_filter;
+pub(crate) use decode::records as decode_records;
 pub use dialect::Dialect;
 pub(crate) use runs::RunRow;
 pub use runs::Settled;
@@ -466,7 +467,7 @@ pub(crate) fn missing_table(url: &str, error: SourceError) -> SourceError {
 }
 
 /// PostgreSQL 42P01, MySQL 1146 (42S02), SQLite "no such table".
-fn is_missing_table(error: &sqlx::Error) -> bool {
+pub(crate) fn is_missing_table(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Database(db) => {
             matches!(

@@ -117,13 +117,15 @@ impl<D: SharedStatements> SqlSource<D> {
     }
 
     /// Claims up to `limit` rows, leaving out the `excluded` aggregates
-    /// and continuing each aggregate of `in_flight` after its rows there.
+    /// and continuing each aggregate of `in_flight` after its rows there;
+    /// `None` when a claim `ahead` yields (see [`Dialect::begin_claim`]).
     async fn claim_rows(
         &self,
         limit: usize,
         excluded: &[AggregateKey],
         in_flight: &InFlight,
-    ) -> Result<Box<dyn Claim>, SourceError> {
+        ahead: bool,
+    ) -> Result<Option<Box<dyn Claim>>, SourceError> {
         let mut txn: Option<Transaction<'static, D::Db>> = None;
         let mut pooled: Option<PoolConnection<D::Db>> = None;
         let conn: &mut Connection<D> = if D::HOLDS_CLAIMS {
@@ -132,7 +134,9 @@ impl<D: SharedStatements> SqlSource<D> {
             pooled.insert(self.pool.acquire().await?)
         };
         let sharding = self.sharding.as_ref();
-        D::begin_claim(conn, sharding.map(|sharding| &sharding.config)).await?;
+        if !D::begin_claim(conn, sharding.map(|sharding| &sharding.config), ahead).await? {
+            return Ok(None);
+        }
         let mut owned = Vec::new();
         let mut shards = None;
         if let Some(sharding) = sharding {
@@ -167,7 +171,7 @@ impl<D: SharedStatements> SqlSource<D> {
             owned_shards = ?sharding.map(|_| owned.len()),
             "claimed"
         );
-        Ok(Box::new(SqlClaim::<D> {
+        Ok(Some(Box::new(SqlClaim::<D> {
             txn,
             pool: self.pool.clone(),
             records: claimed.records,
@@ -180,7 +184,7 @@ impl<D: SharedStatements> SqlSource<D> {
                 membership: sharding.membership.clone(),
             }),
             settled: self.dialect.settled().cloned(),
-        }))
+        })))
     }
 }
 
@@ -195,7 +199,13 @@ impl<D: SharedStatements> super::Source for SqlSource<D> {
         limit: usize,
         excluded: &[AggregateKey],
     ) -> Result<Box<dyn Claim>, SourceError> {
-        self.claim_rows(limit, excluded, &InFlight::default()).await
+        self.claim_rows(limit, excluded, &InFlight::default(), false)
+            .await?
+            .ok_or_else(|| {
+                SourceError::Query(sqlx::Error::Protocol(
+                    "a claim that is not ahead never yields".into(),
+                ))
+            })
     }
 
     async fn claim_ahead(
@@ -207,7 +217,7 @@ impl<D: SharedStatements> super::Source for SqlSource<D> {
         if !D::CLAIMS_AHEAD {
             return Ok(None);
         }
-        self.claim_rows(limit, excluded, in_flight).await.map(Some)
+        self.claim_rows(limit, excluded, in_flight, true).await
     }
 
     async fn wait_for_rows(&self, timeout: Duration) {

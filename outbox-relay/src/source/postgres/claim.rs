@@ -4,8 +4,8 @@
 
 use super::super::FastSet as HashSet;
 
-use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::{AssertSqlSafe, Row};
 
 use super::super::SourceError;
 use super::super::dead_letters::park;
@@ -25,24 +25,35 @@ use crate::record::OutboxRecord;
 pub(super) async fn begin(
     conn: &mut PgConnection,
     sharding: Option<&ShardConfig>,
-) -> Result<(), sqlx::Error> {
-    match sharding {
-        None => {
-            sqlx::query("SELECT set_config('lock_timeout', '5s', true)")
-                .execute(conn)
-                .await?;
-        }
-        Some(config) => {
-            sqlx::query(
-                "SELECT set_config('idle_in_transaction_session_timeout', $1, true), \
-                 set_config('lock_timeout', '5s', true)",
-            )
-            .bind(config.batch_timeout.as_millis().to_string())
+    ahead: bool,
+) -> Result<bool, sqlx::Error> {
+    let idle_timeout = sharding.map(|config| config.batch_timeout.as_millis().to_string());
+    // Partition maintenance takes the outbox's exclusive lock only once it
+    // holds DROP_LOCK exclusively, which waits for the claims open now;
+    // meanwhile a claim waits here, before it locks anything of the
+    // outbox, and a claim ahead yields, so that the claim it would follow
+    // can settle. One round trip either way.
+    const SETTINGS: &str = "SELECT set_config('idle_in_transaction_session_timeout', \
+           coalesce($1, current_setting('idle_in_transaction_session_timeout')), true), \
+         set_config('lock_timeout', '5s', true)";
+    let key = crate::partitions::drop_lock_key(2);
+    if ahead {
+        let sql = format!("{SETTINGS}, pg_try_advisory_xact_lock_shared({key}) AS locked");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(idle_timeout)
+            .bind(crate::partitions::DROP_LOCK)
+            .fetch_one(conn)
+            .await?;
+        row.try_get("locked")
+    } else {
+        let sql = format!("{SETTINGS}, pg_advisory_xact_lock_shared({key})");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(idle_timeout)
+            .bind(crate::partitions::DROP_LOCK)
             .execute(conn)
             .await?;
-        }
+        Ok(true)
     }
-    Ok(())
 }
 
 /// Claims up to `request.limit` pending rows, leaving out the excluded

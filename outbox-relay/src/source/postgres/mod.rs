@@ -136,8 +136,9 @@ impl Dialect for PgDialect {
     async fn begin_claim(
         conn: &mut PgConnection,
         sharding: Option<&ShardConfig>,
-    ) -> Result<(), sqlx::Error> {
-        claim::begin(conn, sharding).await
+        ahead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        claim::begin(conn, sharding, ahead).await
     }
 
     async fn claim(

@@ -61,17 +61,21 @@ impl Default for ShardConfig {
 
 /// `host-pid-random`, readable in `status` and unique across restarts.
 pub fn default_instance_id() -> String {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .map(|name| name.trim().to_owned())
-        .ok()
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "relay".to_owned());
+    let host = host_name().unwrap_or_else(|| "relay".to_owned());
     let random = uuid::Uuid::now_v7().simple().to_string();
     format!(
         "{host}-{}-{}",
         std::process::id(),
         &random[random.len() - 6..]
     )
+}
+
+/// This machine's host name, if `/etc/hostname` gives one.
+pub fn host_name() -> Option<String> {
+    std::fs::read_to_string("/etc/hostname")
+        .map(|name| name.trim().to_owned())
+        .ok()
+        .filter(|name| !name.is_empty())
 }
 
 /// The ownership statements of one database.
