@@ -331,6 +331,10 @@ async fn mariadb_maintenance_drops_the_first_partition_only_once_every_row_in_it
     let third = maintain_retaining(&t, "0s");
     assert_eq!(names(&third, "dropped"), ["p_before"], "{third}");
     assert!(!partition_exists(&t, "p_before").await);
+    // The table the day's rows were swapped into is gone with them.
+    let retired = "information_schema.tables WHERE table_schema = DATABASE() \
+                   AND table_name LIKE 'outbox\\_retired\\_%'";
+    assert_eq!(t.count(retired).await, 0);
     let older = insert_at(&t, "old-20", &days_ago(&t, 20), false).await;
     written.push(older.clone());
     assert_eq!(partition_of(&t, &older).await, mariadb_day(0));

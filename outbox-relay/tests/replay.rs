@@ -586,3 +586,77 @@ async fn sqlite_replays_to_standard_output() {
     );
     t.drop().await;
 }
+
+/// To RabbitMQ (publisher confirms) from MariaDB, with `--to` a routing
+/// key template: a queue bound to the replay's keys receives copies of
+/// exactly the selected aggregate type's events, each once, in committed
+/// order per aggregate; the queue of the live routing keys receives
+/// nothing more than the originals.
+#[tokio::test(flavor = "multi_thread")]
+async fn replays_to_a_rabbitmq_routing_key_of_its_own() {
+    use lapin::types::FieldTable;
+    use outbox_tests::rabbitmq::{Broker, amqp_url, unique};
+
+    let url = amqp_url();
+    let broker = Broker::connect().await;
+    let exchange = unique("replay");
+    let live = unique("replay-live");
+    let copies_queue = unique("replay-copies");
+    broker
+        .bind_queue(&exchange, &live, "outbox.event.*", FieldTable::default())
+        .await;
+    broker
+        .bind_queue(&exchange, &copies_queue, "replay.#", FieldTable::default())
+        .await;
+    let t = TestDb::new(Backend::MySql).await;
+    for invoice in ["inv-0", "inv-1", "inv-2"] {
+        append_events(&t.db, invoice, 4).await;
+    }
+    t.insert_plain_rows(2, 2).await;
+    let sink = [
+        "--sink",
+        "rabbitmq",
+        "--amqp-url",
+        &url,
+        "--amqp-exchange",
+        &exchange,
+    ];
+    let mut drain = vec!["run", "--drain"];
+    drain.extend(sink);
+    succeed(&t, &drain);
+    let mut replay = vec!["replay", "--aggregate-type", "Invoice", "--to", "replay.{aggregatetype}"];
+    replay.extend(sink);
+    let (_, stderr) = succeed(&t, &replay);
+    let id = replay_id(&stderr);
+
+    let settle = Duration::from_millis(500);
+    let originals = broker
+        .read(&live, 16, Duration::from_secs(30), settle)
+        .await;
+    assert_eq!(originals.len(), 16, "12 invoice and 4 customer events");
+    assert!(
+        originals
+            .iter()
+            .all(|received| received.message.header("replayId").is_none()),
+        "{originals:?}"
+    );
+    let received = broker
+        .read(&copies_queue, 12, Duration::from_secs(30), settle)
+        .await;
+    assert!(
+        received
+            .iter()
+            .all(|copy| copy.message.topic == "replay.Invoice"),
+        "{received:?}"
+    );
+    let copies: Vec<&Consumed> = received.iter().map(|copy| &copy.message).collect();
+    let rows = t.outbox_rows().await;
+    let order = committed_order(&rows);
+    let expected: Vec<&OutboxRow> = rows
+        .iter()
+        .filter(|row| row.aggregate_type == "Invoice")
+        .collect();
+    check_replayed(&copies, &expected, &id, &order);
+    broker.clean_up(&exchange, &[&live, &copies_queue]).await;
+    t.drop().await;
+}

@@ -3,9 +3,11 @@
 //! day's midnight, UTC), the first partition taking every earlier row and
 //! `p_future` (MAXVALUE) every later one. New days are split out of
 //! `p_future` (`REORGANIZE PARTITION`, which moves the rows it caught into
-//! their days); a published day is dropped (`DROP PARTITION`) under
-//! `LOCK TABLES outbox WRITE`. One maintenance at a time holds a named
-//! lock ([`MAINTENANCE_LOCK_NAME`]).
+//! their days); a published day's rows are swapped out into a table of
+//! their own (`EXCHANGE PARTITION`) and the emptied day dropped (`DROP
+//! PARTITION`) under `LOCK TABLES outbox WRITE`, and that table dropped
+//! after. One maintenance at a time holds a named lock
+//! ([`MAINTENANCE_LOCK_NAME`]).
 
 use async_trait::async_trait;
 use chrono::{DateTime, Days, NaiveDate, NaiveDateTime, Utc};
@@ -273,49 +275,107 @@ impl Store for MySqlStore {
     }
 
     /// Checked under `LOCK TABLES outbox WRITE`, waited for at most
-    /// [`DROP_LOCK_TIMEOUT`] (whole seconds, at least one).
+    /// [`DROP_LOCK_TIMEOUT`] (whole seconds, at least one). Under the lock
+    /// the day's rows are swapped with an empty table
+    /// (`EXCHANGE PARTITION`, which renames files) and the emptied
+    /// partition dropped; the swapped-out table, with the day's files, is
+    /// dropped after the lock's release, so writers wait for neither.
     async fn drop_if_published(&self, partition: &str) -> Result<Outcome, PartitionError> {
         let what = "dropping a published day partition";
         let mut conn = self.locked_connection().await?;
-        let started = std::time::Instant::now();
-        let wait = DROP_LOCK_TIMEOUT.as_secs().max(1);
-        sqlx::query(AssertSqlSafe(format!(
-            "SET SESSION lock_wait_timeout = {wait}"
-        )))
-        .execute(&mut conn)
-        .await
-        .map_err(PartitionError::query(what))?;
-        let outcome = match sqlx::query("LOCK TABLES outbox WRITE")
-            .execute(&mut conn)
-            .await
-        {
-            Err(sqlx::Error::Database(error)) if is_lock_wait_timeout(error.as_ref()) => {
-                Outcome::Busy
-            }
-            Err(error) => return Err(PartitionError::query(what)(error)),
-            Ok(_) => match unpublished(&mut conn, partition).await? {
-                None => Outcome::Gone,
-                Some((0, 0)) => {
-                    sqlx::query(AssertSqlSafe(format!(
-                        "ALTER TABLE outbox DROP PARTITION `{}`",
-                        partition.replace('`', "``")
-                    )))
-                    .execute(&mut conn)
+        let retired = retired_table(partition);
+        let outcome = match empty_copy(&mut conn, &retired).await {
+            Ok(()) => retire_if_published(&mut conn, partition, &retired).await,
+            Err(error) => Err(PartitionError::query(what)(error)),
+        };
+        let removed = async {
+            sqlx::query("UNLOCK TABLES").execute(&mut conn).await?;
+            sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {retired}")))
+                .execute(&mut conn)
+                .await
+        }
+        .await;
+        // Closing ends the named lock with the session.
+        conn.close().await.ok();
+        let outcome = outcome?;
+        removed.map_err(PartitionError::query("removing a dropped day's rows"))?;
+        Ok(outcome)
+    }
+}
+
+/// The table a day's rows are swapped into before its partition is dropped:
+/// `outbox_retired_<partition>`, quoted. One maintenance runs at a time, so
+/// one name per partition is enough; a table left by an interrupted drop
+/// holds only rows checked published, and the next drop replaces it.
+fn retired_table(partition: &str) -> String {
+    format!("`outbox_retired_{}`", partition.replace('`', "``"))
+}
+
+/// Creates `retired` as an empty, unpartitioned copy of the outbox's
+/// layout, the shape `EXCHANGE PARTITION` requires.
+async fn empty_copy(conn: &mut MySqlConnection, retired: &str) -> Result<(), sqlx::Error> {
+    for statement in [
+        format!("DROP TABLE IF EXISTS {retired}"),
+        format!("CREATE TABLE {retired} LIKE outbox"),
+        format!("ALTER TABLE {retired} REMOVE PARTITIONING"),
+    ] {
+        sqlx::query(AssertSqlSafe(statement))
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Locks the outbox and `retired` and, when `partition` holds no pending
+/// and no dead-lettered row, swaps its rows into `retired` and drops it.
+/// The tables stay locked: the caller unlocks them.
+async fn retire_if_published(
+    conn: &mut MySqlConnection,
+    partition: &str,
+    retired: &str,
+) -> Result<Outcome, PartitionError> {
+    let what = "dropping a published day partition";
+    let started = std::time::Instant::now();
+    let wait = DROP_LOCK_TIMEOUT.as_secs().max(1);
+    sqlx::query(AssertSqlSafe(format!(
+        "SET SESSION lock_wait_timeout = {wait}"
+    )))
+    .execute(&mut *conn)
+    .await
+    .map_err(PartitionError::query(what))?;
+    let locked = sqlx::query(AssertSqlSafe(format!(
+        "LOCK TABLES outbox WRITE, {retired} WRITE"
+    )))
+    .execute(&mut *conn)
+    .await;
+    match locked {
+        Err(sqlx::Error::Database(error)) if is_lock_wait_timeout(error.as_ref()) => {
+            return Ok(Outcome::Busy);
+        }
+        Err(error) => return Err(PartitionError::query(what)(error)),
+        Ok(_) => {}
+    }
+    match unpublished(conn, partition).await? {
+        None => Ok(Outcome::Gone),
+        Some((0, 0)) => {
+            let quoted = format!("`{}`", partition.replace('`', "``"));
+            for statement in [
+                format!("ALTER TABLE outbox EXCHANGE PARTITION {quoted} WITH TABLE {retired}"),
+                format!("ALTER TABLE outbox DROP PARTITION {quoted}"),
+            ] {
+                sqlx::query(AssertSqlSafe(statement))
+                    .execute(&mut *conn)
                     .await
                     .map_err(PartitionError::query(what))?;
-                    Outcome::Dropped {
-                        locked: started.elapsed(),
-                    }
-                }
-                Some((pending, dead_letters)) => Outcome::Unpublished {
-                    pending,
-                    dead_letters,
-                },
-            },
-        };
-        // Closing ends the table lock and the named lock with the session.
-        conn.close().await.ok();
-        Ok(outcome)
+            }
+            Ok(Outcome::Dropped {
+                locked: started.elapsed(),
+            })
+        }
+        Some((pending, dead_letters)) => Ok(Outcome::Unpublished {
+            pending,
+            dead_letters,
+        }),
     }
 }
 
