@@ -624,7 +624,13 @@ async fn replays_to_a_rabbitmq_routing_key_of_its_own() {
     let mut drain = vec!["run", "--drain"];
     drain.extend(sink);
     succeed(&t, &drain);
-    let mut replay = vec!["replay", "--aggregate-type", "Invoice", "--to", "replay.{aggregatetype}"];
+    let mut replay = vec![
+        "replay",
+        "--aggregate-type",
+        "Invoice",
+        "--to",
+        "replay.{aggregatetype}",
+    ];
     replay.extend(sink);
     let (_, stderr) = succeed(&t, &replay);
     let id = replay_id(&stderr);
