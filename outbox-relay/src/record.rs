@@ -31,8 +31,8 @@ pub struct OutboxRecord {
     /// commit-to-acknowledgement latency.
     pub age_at_claim: f64,
     /// `created_at` as PostgreSQL writes it (its text form), read by the
-    /// PostgreSQL claim so that marking finds the row in its partition of a
-    /// partitioned outbox; `None` elsewhere.
+    /// PostgreSQL claim on a partitioned outbox so that marking finds the
+    /// row in its partition; `None` elsewhere.
     #[sqlx(default)]
     pub created_at: Option<String>,
 }

@@ -73,6 +73,7 @@ pub(super) async fn claim(
     conn: &mut PgConnection,
     request: &ClaimRequest<'_>,
     settled: &Settled,
+    partitioned: bool,
 ) -> Result<ClaimedRows, SourceError> {
     let excluded = || request.excluded.iter().chain(&request.in_flight.held);
     let types: Vec<&str> = excluded().map(|key| key.aggregate_type.as_str()).collect();
@@ -80,7 +81,7 @@ pub(super) async fn claim(
     let in_flight = request.in_flight;
     let head = match &request.shards {
         None => {
-            sqlx::query(AssertSqlSafe(head_sql("")))
+            sqlx::query(AssertSqlSafe(head_sql("", partitioned)))
                 .bind(request.limit as i64)
                 .bind(&types)
                 .bind(&ids)
@@ -89,7 +90,8 @@ pub(super) async fn claim(
                 .await?
         }
         Some(shards) => {
-            let sql = head_sql(&format!(" AND {SHARD_OF_ROW} = ANY($6::bigint[])"));
+            let shard_filter = format!(" AND {SHARD_OF_ROW} = ANY($6::bigint[])");
+            let sql = head_sql(&shard_filter, partitioned);
             sqlx::query(AssertSqlSafe(sql))
                 .bind(request.limit as i64)
                 .bind(&types)
@@ -111,7 +113,7 @@ pub(super) async fn claim(
     if !plan.lookups.is_empty() {
         let taken: HashSet<i64> = plan.rows.iter().copied().collect();
         records.retain(|record| taken.contains(&record.seq));
-        let looked_up = look_up(conn, &plan.lookups).await?;
+        let looked_up = look_up(conn, &plan.lookups, partitioned).await?;
         records.extend(read(conn, &looked_up).await?);
         held = plan
             .lookups
@@ -131,13 +133,25 @@ async fn read(conn: &mut PgConnection, rows: &[PgRow]) -> Result<Vec<OutboxRecor
     Ok(decoded.rows)
 }
 
-/// The columns of a claimed row (the id as `uuid`, converted at the end).
-/// An infinite `created_at` (which cannot be subtracted) has age 0.
+/// The columns of a claimed row (the id as `uuid`, converted at the end),
+/// but its creation time. An infinite `created_at` (which cannot be
+/// subtracted) has age 0.
 const CLAIMED_COLUMNS: &str = "id, aggregatetype, aggregateid, type, \
      payload::text AS payload, event_version, aggregate_seq, traceparent, seq, attempts, \
-     created_at::text AS created_at, \
      CASE WHEN isfinite(created_at) \
        THEN EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 ELSE 0 END AS age_at_claim";
+
+/// A claimed row's creation time as PostgreSQL writes it: read on a
+/// partitioned outbox, whose marks find each row's partition by it; NULL
+/// on a plain one, whose marks go by id alone (see
+/// [`OutboxRecord::created_at`]).
+fn created_at(partitioned: bool) -> &'static str {
+    if partitioned {
+        "created_at::text AS created_at"
+    } else {
+        "NULL::text AS created_at"
+    }
+}
 
 /// A pending row of `table` (an alias of `outbox`).
 fn pending(table: &str) -> String {
@@ -167,14 +181,15 @@ fn as_read(claimed: &str) -> String {
 /// longer pending once it has them (published or parked by a previous
 /// owner of its shard, or re-driven) is passed over for the next, so no
 /// earlier pending row can be left behind a later one.
-fn head_sql(filter: &str) -> String {
+fn head_sql(filter: &str, partitioned: bool) -> String {
     as_read(&format!(
-        "SELECT {CLAIMED_COLUMNS} FROM outbox WHERE {pending} \
+        "SELECT {CLAIMED_COLUMNS}, {created_at} FROM outbox WHERE {pending} \
          AND (aggregatetype, aggregateid) NOT IN \
            (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i)){filter} \
          AND seq NOT IN (SELECT unnest($4::bigint[])) \
          ORDER BY seq LIMIT $1 FOR UPDATE",
         pending = pending("outbox"),
+        created_at = created_at(partitioned),
     ))
 }
 
@@ -185,12 +200,12 @@ fn head_sql(filter: &str) -> String {
 /// below the lock, so rows in flight are never waited for). A row another
 /// transaction changed meanwhile is read again once locked: one no longer
 /// pending is passed over and the aggregate's next row taken.
-fn lookup_sql() -> String {
+fn lookup_sql(partitioned: bool) -> String {
     as_read(&format!(
         "SELECT run.* FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) \
            AS lookup(aggregatetype, aggregateid, n, after_aggregate_seq, after_seq) \
          CROSS JOIN LATERAL (\
-           SELECT {CLAIMED_COLUMNS} FROM outbox AS later \
+           SELECT {CLAIMED_COLUMNS}, {created_at} FROM outbox AS later \
            WHERE later.aggregatetype = lookup.aggregatetype \
            AND later.aggregateid = lookup.aggregateid AND {pending} \
            AND (COALESCE(later.aggregate_seq, 0), later.seq) \
@@ -198,6 +213,7 @@ fn lookup_sql() -> String {
            ORDER BY later.aggregate_seq NULLS FIRST, later.seq \
            LIMIT lookup.n FOR UPDATE) AS run",
         pending = pending("later"),
+        created_at = created_at(partitioned),
     ))
 }
 
@@ -206,7 +222,11 @@ const SHARD_OF_ROW: &str =
     "((hashtextextended(aggregatetype || '/' || aggregateid, 0) % $5) + $5) % $5";
 
 /// Locks and reads the earliest pending rows of the aggregates `lookups`.
-async fn look_up(conn: &mut PgConnection, lookups: &[Lookup]) -> Result<Vec<PgRow>, SourceError> {
+async fn look_up(
+    conn: &mut PgConnection,
+    lookups: &[Lookup],
+    partitioned: bool,
+) -> Result<Vec<PgRow>, SourceError> {
     // Without statistics (a table never analyzed) both pending indexes
     // look nearly empty, and the planner may scan every pending row by
     // `seq` and sort them, once per aggregate: no sort for this
@@ -216,7 +236,7 @@ async fn look_up(conn: &mut PgConnection, lookups: &[Lookup]) -> Result<Vec<PgRo
     )
     .fetch_one(&mut *conn)
     .await?;
-    let rows = sqlx::query(AssertSqlSafe(lookup_sql()))
+    let rows = sqlx::query(AssertSqlSafe(lookup_sql(partitioned)))
         .bind(
             lookups
                 .iter()
@@ -252,9 +272,9 @@ mod tests {
 
     #[test]
     fn claims_lock_rows_as_they_are_read_never_skipping_any() {
-        let head = head_sql(" AND shard_filter");
-        let lookups = lookup_sql();
-        for sql in [&head, &lookups] {
+        let head = head_sql(" AND shard_filter", false);
+        let lookups = lookup_sql(false);
+        for sql in [&head, &lookups, &head_sql("", true), &lookup_sql(true)] {
             assert!(!sql.contains("SKIP LOCKED"), "{sql}");
         }
         // The oldest rows are locked by the scan of the pending index that

@@ -51,6 +51,10 @@ pub struct PgDialect {
     listener: Mutex<Option<wakeup::Listener>>,
     /// Where the aggregates this relay settled continue.
     settled: Arc<Settled>,
+    /// Whether the outbox was partitioned when the relay connected: then
+    /// claims read each row's creation time and marks find the row's
+    /// partition by it.
+    partitioned: bool,
 }
 
 impl PostgresSource {
@@ -64,6 +68,13 @@ impl PostgresSource {
         ids: &[String],
         created_at: &FastMap<&str, &str>,
     ) -> Result<(), SourceError> {
+        // On a plain outbox the primary key is the id alone.
+        let untimed = FastMap::default();
+        let created_at = if self.dialect().partitioned {
+            created_at
+        } else {
+            &untimed
+        };
         let mut conn = self.pool().acquire().await?;
         mark_rows(&mut conn, ids, created_at, self.delete_on_publish()).await
     }
@@ -115,6 +126,7 @@ impl Dialect for PgDialect {
         let dialect = Self {
             listener: Mutex::new(None),
             settled: Arc::default(),
+            partitioned,
         };
         Ok((pool, dialect))
     }
@@ -146,7 +158,8 @@ impl Dialect for PgDialect {
         conn: &mut PgConnection,
         request: &ClaimRequest<'_>,
     ) -> Result<ClaimedRows, SourceError> {
-        let claimed = claim::claim(conn, request, &source.dialect().settled).await?;
+        let dialect = source.dialect();
+        let claimed = claim::claim(conn, request, &dialect.settled, dialect.partitioned).await?;
         if !claimed.records.is_empty() {
             source.dialect().stop_watching().await;
         }
