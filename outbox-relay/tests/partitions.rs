@@ -825,3 +825,103 @@ async fn sharded_relays_maintain_a_partitioned_outbox_together_postgres() {
 async fn sharded_relays_maintain_a_partitioned_outbox_together_mariadb() {
     sharded_relays_maintain_a_partitioned_outbox_together(Backend::MySql).await;
 }
+
+/// Rows waiting in PostgreSQL's default partition while two claims are
+/// open, as a relay claiming ahead holds them: one holds a row the
+/// maintenance must move into its day's partition, the other starts while
+/// the maintenance waits. Moving the rows locks them and attaching the day
+/// needs the default partition to itself, so without waiting for the
+/// claims first the maintenance and the second claim deadlock (one of them
+/// fails after a second). Here both succeed: the maintenance waits for the
+/// open claim, the second claim for the maintenance.
+#[tokio::test(flavor = "multi_thread")]
+async fn creating_a_day_for_rows_of_the_default_partition_waits_for_open_claims() {
+    use sea_orm::TransactionTrait;
+
+    let t = TestDb::new(Backend::Postgres).await;
+    migrate_partitioned(&t);
+    let mut ids = Vec::new();
+    for n in 0..6 {
+        ids.push(insert_at(&t, &format!("old-{n}"), &days_ago(&t, 20), false).await);
+    }
+    assert_eq!(partition_of(&t, &ids[5]).await, "outbox_default");
+    // What every claim's first statement takes (`source/postgres/claim.rs`).
+    let claim_lock = format!(
+        "SELECT pg_advisory_xact_lock_shared({}::bigint | 'outbox'::regclass::oid::bigint)",
+        outbox_relay::partitions::DROP_LOCK
+    );
+    let first = t.db.begin().await.expect("the first claim");
+    first.execute_unprepared(&claim_lock).await.expect("lock");
+    first
+        .execute_unprepared(&format!(
+            "SELECT id FROM outbox WHERE id = '{}' FOR UPDATE",
+            ids[5]
+        ))
+        .await
+        .expect("the first claim's row");
+
+    let name = format!("maintain-{}", uuid::Uuid::now_v7().simple());
+    let url = format!("{}&application_name={name}", t.url);
+    let maintenance = tokio::task::spawn_blocking(move || {
+        run_to_end(
+            Path::new(RELAY),
+            &["partitions", "maintain", "--retain", "365d", "--json"],
+            &[("DATABASE_URL", &url)],
+        )
+    });
+    let waiting = |application: String| {
+        format!(
+            "pg_stat_activity WHERE application_name = '{application}' AND wait_event_type = 'Lock'"
+        )
+    };
+    wait_for_count(&t, &waiting(name.clone())).await;
+
+    let second_name = format!("claim-{}", uuid::Uuid::now_v7().simple());
+    let second = {
+        let (db, claim_lock, second_name) = (t.db.clone(), claim_lock.clone(), second_name.clone());
+        tokio::spawn(async move {
+            let second = db.begin().await?;
+            second
+                .execute_unprepared(&format!("SET LOCAL application_name = '{second_name}'"))
+                .await?;
+            second.execute_unprepared(&claim_lock).await?;
+            second
+                .execute_unprepared(
+                    "SELECT id FROM outbox WHERE published_at IS NULL ORDER BY seq LIMIT 2 FOR UPDATE",
+                )
+                .await?;
+            second.commit().await
+        })
+    };
+    wait_for_count(&t, &waiting(second_name)).await;
+    first
+        .execute_unprepared(&format!(
+            "UPDATE outbox SET published_at = now() WHERE id = '{}'",
+            ids[5]
+        ))
+        .await
+        .expect("the first claim's mark");
+    first.commit().await.expect("the first claim ends");
+
+    let (code, stdout, stderr) = maintenance.await.expect("the maintenance");
+    assert_eq!(code, 0, "{stderr}");
+    let done: Value = serde_json::from_str(&stdout).expect("JSON");
+    assert!(done["created"].as_i64() >= Some(1), "{done}");
+    second
+        .await
+        .expect("the second claim")
+        .expect("the second claim ends without a deadlock");
+    for id in &ids {
+        assert_eq!(partition_of(&t, id).await, day_partition(-20));
+    }
+    t.drop().await;
+}
+
+/// Waits (up to a minute) until `table_and_filter` counts a row.
+async fn wait_for_count(t: &TestDb, table_and_filter: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while t.count(table_and_filter).await == 0 {
+        assert!(Instant::now() < deadline, "nothing in {table_and_filter}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

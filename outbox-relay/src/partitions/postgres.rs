@@ -16,6 +16,11 @@ use super::{
 /// A PostgreSQL database's outbox partitions.
 pub struct PgStore(pub PgPool);
 
+/// Whether `result` failed on the lock timeout (55P03, lock_not_available).
+fn is_lock_timeout<T>(result: &Result<T, sqlx::Error>) -> bool {
+    matches!(result, Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03"))
+}
+
 #[async_trait]
 impl Store for PgStore {
     async fn is_partitioned(&self) -> Result<bool, sqlx::Error> {
@@ -26,14 +31,49 @@ impl Store for PgStore {
         self.0.close().await;
     }
 
+    /// Moving rows out of the default partition locks them, and attaching
+    /// their day's partition then needs the default partition to itself,
+    /// which a claim reading it holds until it ends: a claim waiting for
+    /// one of the moved rows would deadlock with it. So while the default
+    /// partition holds rows to move, this waits for the claims open now
+    /// and makes later ones wait ([`DROP_LOCK`], as a drop does), for at
+    /// most [`DROP_LOCK_TIMEOUT`]; busy, it creates nothing this time.
     async fn create_ahead(&self, ahead: u32) -> Result<i64, PartitionError> {
-        let created: i32 = sqlx::query_scalar("SELECT outbox_create_partitions($1)")
-            .bind(i32::try_from(ahead).unwrap_or(i32::MAX))
-            .fetch_one(&self.0)
-            .await
-            .map_err(PartitionError::query(
-                "creating the outbox's day partitions",
-            ))?;
+        let what = "creating the outbox's day partitions";
+        let mut tx = self.0.begin().await.map_err(PartitionError::query(what))?;
+        let to_move: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox_default WHERE isfinite(created_at))",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(PartitionError::query(what))?;
+        let created = async {
+            if to_move {
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock({})",
+                    super::drop_lock_key(2)
+                )))
+                .bind(format!("{}ms", DROP_LOCK_TIMEOUT.as_millis()))
+                .bind(DROP_LOCK)
+                .execute(&mut *tx)
+                .await?;
+            }
+            sqlx::query_scalar("SELECT outbox_create_partitions($1)")
+                .bind(i32::try_from(ahead).unwrap_or(i32::MAX))
+                .fetch_one(&mut *tx)
+                .await
+        }
+        .await;
+        if to_move && is_lock_timeout(&created) {
+            tracing::warn!(
+                "the outbox's default partition holds rows to move, and the relays' claims \
+                 kept it busy for {DROP_LOCK_TIMEOUT:?}: its days' partitions are left for \
+                 the next maintenance"
+            );
+            return Ok(0);
+        }
+        let created: i32 = created.map_err(PartitionError::query(what))?;
+        tx.commit().await.map_err(PartitionError::query(what))?;
         Ok(i64::from(created))
     }
 
@@ -117,13 +157,10 @@ impl Store for PgStore {
         .bind(DROP_LOCK)
         .execute(&mut *tx)
         .await;
-        match drop_lock {
-            Ok(_) => {}
-            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {
-                return Ok(Outcome::Busy);
-            }
-            Err(error) => return Err(PartitionError::query(what)(error)),
+        if is_lock_timeout(&drop_lock) {
+            return Ok(Outcome::Busy);
         }
+        drop_lock.map_err(PartitionError::query(what))?;
         // The root (which every insert through it needs) and this partition
         // only, not every other partition.
         let lock = format!(
