@@ -423,3 +423,47 @@ async fn a_batch_claimed_ahead_never_overtakes_a_refused_event() {
 fn settlement_is_empty_by_default() {
     assert!(Settlement::default().is_empty());
 }
+
+/// A Kafka sink asked to send only until a moment already past (what CDC
+/// mode asks of a process paused after it last confirmed its slot) hands
+/// nothing to the broker: every message fails as transient, and the same
+/// messages sent again arrive once each, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kafka_sink_hands_nothing_over_past_its_send_window() {
+    let brokers = kafka::brokers();
+    let topic = format!("{}.Window", kafka::topic_prefix("window"));
+    let sink = kafka_sink(&brokers).await;
+    let messages: Vec<Message> = (0..5)
+        .map(|n| Message {
+            topic: topic.clone(),
+            key: "agg-1".into(),
+            aggregate_type: "Window".into(),
+            headers: vec![(HEADER_ID, format!("event-{n}"))],
+            payload: Some(format!("{{\"n\":{n}}}")),
+        })
+        .collect();
+    let past = std::time::Instant::now() - Duration::from_millis(1);
+    let outcomes = sink.publish_until(&messages, past).await;
+    assert!(
+        outcomes.iter().all(|outcome| outcome
+            .as_ref()
+            .is_err_and(|error| error.kind == outbox_relay::sink::FailureKind::Transient)),
+        "{outcomes:?}"
+    );
+    let later = std::time::Instant::now() + Duration::from_secs(30);
+    let outcomes = sink.publish_until(&messages, later).await;
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+
+    let consumed = kafka::consume(
+        &brokers,
+        &topic,
+        5,
+        Duration::from_secs(30),
+        Duration::from_secs(2),
+    );
+    let ids: Vec<&str> = consumed
+        .iter()
+        .map(|message| message.header(HEADER_ID).expect("an id"))
+        .collect();
+    assert_eq!(ids, ["event-0", "event-1", "event-2", "event-3", "event-4"]);
+}

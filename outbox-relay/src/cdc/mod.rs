@@ -159,7 +159,11 @@ impl Ownership {
     /// process ended (the server or an administrator terminated it, or the
     /// connection broke) and nothing is sent; the session ends as broken
     /// and reconnects.
-    async fn confirm(&self) -> Result<(), Undelivered> {
+    ///
+    /// Returns the moment until which sending counts as at once (the
+    /// answer's question plus [`OWNERSHIP_FRESH`]): a process paused past
+    /// it hands nothing more to the sink before it confirms again.
+    async fn confirm(&self) -> Result<Instant, Undelivered> {
         for _ in 0..5 {
             let asked = Instant::now();
             let holder = slot::slot_holder(self.source.pool(), &self.slot)
@@ -173,7 +177,7 @@ impl Ownership {
                 }
             }
             if asked.elapsed() < OWNERSHIP_FRESH {
-                return Ok(());
+                return Ok(asked + OWNERSHIP_FRESH);
             }
         }
         Err(Undelivered::Unconfirmed(CdcError::OwnershipUnconfirmed(
@@ -568,8 +572,8 @@ impl CdcRelay {
             let mut remaining: Vec<Message> = records.iter().map(|r| topics.message(r)).collect();
             let mut backoff = Backoff::new(INITIAL_BACKOFF, max_backoff);
             loop {
-                ownership.confirm().await?;
-                let outcomes = sink.publish(&remaining).await;
+                let fresh_until = ownership.confirm().await?;
+                let outcomes = sink.publish_until(&remaining, fresh_until).await;
                 let mut failed = Vec::new();
                 let mut first_error = None;
                 for (message, outcome) in remaining.into_iter().zip(outcomes) {

@@ -32,7 +32,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -350,9 +350,14 @@ impl KafkaSink {
     }
 }
 
-#[async_trait]
-impl Sink for KafkaSink {
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+impl KafkaSink {
+    /// [`Sink::publish`], handing no message to the producer after
+    /// `fresh_until` when given.
+    async fn send(
+        &self,
+        messages: &[Message],
+        fresh_until: Option<Instant>,
+    ) -> Vec<Result<(), SendError>> {
         let topics = messages
             .iter()
             .map(|message| message.topic.as_str())
@@ -368,6 +373,10 @@ impl Sink for KafkaSink {
             let key = (message.topic.as_str(), message.key.as_str());
             if failed_keys.contains(&key) {
                 outcomes[index] = Some(Err(SendError::held_back()));
+                continue;
+            }
+            if fresh_until.is_some_and(|until| Instant::now() >= until) {
+                outcomes[index] = Some(Err(SendError::stale()));
                 continue;
             }
             let enqueued = match missing.get(message.topic.as_str()) {
@@ -408,6 +417,18 @@ impl Sink for KafkaSink {
             });
         }
         drop(deliveries);
+        self.finish(&producer, outcomes, timed_out)
+    }
+
+    /// The batch's outcomes once its deliveries resolved or it `timed_out`
+    /// (the unresolved ones fail, and the producer is replaced, as after a
+    /// fatal error).
+    fn finish(
+        &self,
+        producer: &Producer,
+        mut outcomes: Vec<Option<Result<(), SendError>>>,
+        timed_out: bool,
+    ) -> Vec<Result<(), SendError>> {
         if timed_out {
             let reason = format!(
                 "no acknowledgement within {}",
@@ -417,14 +438,30 @@ impl Sink for KafkaSink {
                 *outcome = Some(Err(SendError::transient(reason.clone())));
             }
             self.known_topics.lock().expect("topic set lock").clear();
-            self.replace_producer(&producer, &reason);
+            self.replace_producer(producer, &reason);
         } else if let Some(fatal) = producer.client().fatal_error() {
-            self.replace_producer(&producer, &format!("fatal error: {fatal:?}"));
+            self.replace_producer(producer, &format!("fatal error: {fatal:?}"));
         }
         outcomes
             .into_iter()
             .map(|outcome| outcome.expect("every message has an outcome"))
             .collect()
+    }
+}
+
+#[async_trait]
+impl Sink for KafkaSink {
+    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+        self.send(messages, None).await
+    }
+
+    /// Checks `fresh_until` before each message it hands to the producer.
+    async fn publish_until(
+        &self,
+        messages: &[Message],
+        fresh_until: Instant,
+    ) -> Vec<Result<(), SendError>> {
+        self.send(messages, Some(fresh_until)).await
     }
 
     async fn probe(&self) -> bool {

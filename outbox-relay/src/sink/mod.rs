@@ -13,7 +13,7 @@ pub mod nats;
 pub mod rabbitmq;
 pub mod stdout;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -25,6 +25,24 @@ pub trait Sink: Send + Sync {
     /// Publishes `messages` and returns one outcome per message, in order,
     /// once each is acknowledged or has failed.
     async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>>;
+
+    /// Like [`publish`](Self::publish), but hands no message to the broker
+    /// after `fresh_until`: those fail as transient ([`SendError::stale`]),
+    /// to be sent again once the caller has checked that it may still send
+    /// them (CDC mode: that it still holds the replication slot, which a
+    /// process paused past the check may have lost). This one checks once,
+    /// before the batch; a sink handing messages over one by one checks
+    /// before each.
+    async fn publish_until(
+        &self,
+        messages: &[Message],
+        fresh_until: Instant,
+    ) -> Vec<Result<(), SendError>> {
+        if Instant::now() >= fresh_until {
+            return vec![Err(SendError::stale()); messages.len()];
+        }
+        self.publish(messages).await
+    }
 
     /// Waits up to `timeout` for messages still in flight.
     async fn flush(&self, timeout: Duration);
@@ -84,6 +102,12 @@ impl SendError {
             reason: reason.into(),
             kind: FailureKind::Closed,
         }
+    }
+
+    /// Not sent: past the moment until which the caller may send
+    /// ([`Sink::publish_until`]).
+    pub fn stale() -> Self {
+        Self::transient("not sent: the right to send it was confirmed too long ago")
     }
 
     /// Not sent, behind an earlier failure of the same key.
