@@ -36,24 +36,37 @@ impl Store for PgStore {
     /// which a claim reading it holds until it ends: a claim waiting for
     /// one of the moved rows would deadlock with it. So while the default
     /// partition holds rows to move, this waits for the claims open now
-    /// and makes later ones wait ([`DROP_LOCK`], as a drop does), for at
-    /// most [`DROP_LOCK_TIMEOUT`]; busy, it creates nothing this time.
+    /// and makes later ones wait ([`DROP_LOCK`], taken after the
+    /// maintenance lock as a drop takes them, so that the two never wait
+    /// for each other), for at most [`DROP_LOCK_TIMEOUT`]; busy, it
+    /// creates nothing this time.
     async fn create_ahead(&self, ahead: u32) -> Result<i64, PartitionError> {
         let what = "creating the outbox's day partitions";
-        let mut tx = self.0.begin().await.map_err(PartitionError::query(what))?;
+        // Asked outside the transaction below: a lock held on the default
+        // partition there would make a drop's detach wait for it.
         let to_move: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM outbox_default WHERE isfinite(created_at))",
         )
-        .fetch_one(&mut *tx)
+        .fetch_one(&self.0)
         .await
         .map_err(PartitionError::query(what))?;
+        let mut tx = self.0.begin().await.map_err(PartitionError::query(what))?;
         let created = async {
             if to_move {
-                sqlx::query(AssertSqlSafe(format!(
-                    "SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock({})",
-                    super::drop_lock_key(2)
-                )))
+                // In a drop's order: the maintenance lock (which the
+                // function takes too), then DROP_LOCK.
+                sqlx::query(
+                    "SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2, $3)",
+                )
                 .bind(format!("{}ms", DROP_LOCK_TIMEOUT.as_millis()))
+                .bind(MAINTENANCE_LOCK.0)
+                .bind(MAINTENANCE_LOCK.1)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(AssertSqlSafe(format!(
+                    "SELECT pg_advisory_xact_lock({})",
+                    super::drop_lock_key(1)
+                )))
                 .bind(DROP_LOCK)
                 .execute(&mut *tx)
                 .await?;
@@ -67,8 +80,8 @@ impl Store for PgStore {
         if to_move && is_lock_timeout(&created) {
             tracing::warn!(
                 "the outbox's default partition holds rows to move, and the relays' claims \
-                 kept it busy for {DROP_LOCK_TIMEOUT:?}: its days' partitions are left for \
-                 the next maintenance"
+                 or another maintenance kept it busy for {DROP_LOCK_TIMEOUT:?}: its days' \
+                 partitions are left for the next maintenance"
             );
             return Ok(0);
         }
