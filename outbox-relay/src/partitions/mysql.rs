@@ -151,7 +151,7 @@ async fn unpublished(
     conn: &mut MySqlConnection,
     partition: &str,
 ) -> Result<Option<(i64, i64)>, PartitionError> {
-    let table = format!("outbox PARTITION (`{}`)", partition.replace('`', "``"));
+    let table = format!("outbox PARTITION ({})", quote(partition));
     let mut counts = [0i64; 2];
     for (count, dead) in counts.iter_mut().zip(["IS NULL", "IS NOT NULL"]) {
         let counted = sqlx::query_scalar(AssertSqlSafe(format!(
@@ -308,7 +308,12 @@ impl Store for MySqlStore {
 /// one name per partition is enough; a table left by an interrupted drop
 /// holds only rows checked published, and the next drop replaces it.
 fn retired_table(partition: &str) -> String {
-    format!("`outbox_retired_{}`", partition.replace('`', "``"))
+    quote(&format!("outbox_retired_{partition}"))
+}
+
+/// `name` quoted as an identifier.
+fn quote(name: &str) -> String {
+    format!("`{}`", name.replace('`', "``"))
 }
 
 /// Creates `retired` as an empty, unpartitioned copy of the outbox's
@@ -358,7 +363,7 @@ async fn retire_if_published(
     match unpublished(conn, partition).await? {
         None => Ok(Outcome::Gone),
         Some((0, 0)) => {
-            let quoted = format!("`{}`", partition.replace('`', "``"));
+            let quoted = quote(partition);
             for statement in [
                 format!("ALTER TABLE outbox EXCHANGE PARTITION {quoted} WITH TABLE {retired}"),
                 format!("ALTER TABLE outbox DROP PARTITION {quoted}"),

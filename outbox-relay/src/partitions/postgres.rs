@@ -6,7 +6,7 @@
 //! caught into their day's partition.
 
 use async_trait::async_trait;
-use sqlx::{AssertSqlSafe, PgPool, Row};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
 use super::{
     DROP_LOCK, DROP_LOCK_TIMEOUT, MAINTENANCE_LOCK, Outcome, Partition, PartitionError, Range,
@@ -19,6 +19,31 @@ pub struct PgStore(pub PgPool);
 /// Whether `result` failed on the lock timeout (55P03, lock_not_available).
 fn is_lock_timeout<T>(result: &Result<T, sqlx::Error>) -> bool {
     matches!(result, Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03"))
+}
+
+/// Takes, in `conn`'s transaction and each within [`DROP_LOCK_TIMEOUT`],
+/// the maintenance lock and then [`DROP_LOCK`], the order every
+/// maintenance takes them in so that two never wait for each other: the
+/// claims open now end first, later ones wait for the transaction.
+/// `false` when DROP_LOCK stayed busy.
+async fn lock_out_claims(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    sqlx::query("SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2, $3)")
+        .bind(format!("{}ms", DROP_LOCK_TIMEOUT.as_millis()))
+        .bind(MAINTENANCE_LOCK.0)
+        .bind(MAINTENANCE_LOCK.1)
+        .execute(&mut *conn)
+        .await?;
+    let drop_lock = sqlx::query(AssertSqlSafe(format!(
+        "SELECT pg_advisory_xact_lock({})",
+        super::drop_lock_key(1)
+    )))
+    .bind(DROP_LOCK)
+    .execute(&mut *conn)
+    .await;
+    if is_lock_timeout(&drop_lock) {
+        return Ok(false);
+    }
+    drop_lock.map(|_| true)
 }
 
 #[async_trait]
@@ -36,10 +61,8 @@ impl Store for PgStore {
     /// which a claim reading it holds until it ends: a claim waiting for
     /// one of the moved rows would deadlock with it. So while the default
     /// partition holds rows to move, this waits for the claims open now
-    /// and makes later ones wait ([`DROP_LOCK`], taken after the
-    /// maintenance lock as a drop takes them, so that the two never wait
-    /// for each other), for at most [`DROP_LOCK_TIMEOUT`]; busy, it
-    /// creates nothing this time.
+    /// and makes later ones wait ([`lock_out_claims`], as a drop does);
+    /// busy, it creates nothing this time.
     async fn create_ahead(&self, ahead: u32) -> Result<i64, PartitionError> {
         let what = "creating the outbox's day partitions";
         // Asked outside the transaction below: a lock held on the default
@@ -51,33 +74,19 @@ impl Store for PgStore {
         .await
         .map_err(PartitionError::query(what))?;
         let mut tx = self.0.begin().await.map_err(PartitionError::query(what))?;
+        // The function takes the maintenance lock too.
         let created = async {
-            if to_move {
-                // In a drop's order: the maintenance lock (which the
-                // function takes too), then DROP_LOCK.
-                sqlx::query(
-                    "SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2, $3)",
-                )
-                .bind(format!("{}ms", DROP_LOCK_TIMEOUT.as_millis()))
-                .bind(MAINTENANCE_LOCK.0)
-                .bind(MAINTENANCE_LOCK.1)
-                .execute(&mut *tx)
-                .await?;
-                sqlx::query(AssertSqlSafe(format!(
-                    "SELECT pg_advisory_xact_lock({})",
-                    super::drop_lock_key(1)
-                )))
-                .bind(DROP_LOCK)
-                .execute(&mut *tx)
-                .await?;
+            if to_move && !lock_out_claims(&mut tx).await? {
+                return Ok(None);
             }
             sqlx::query_scalar("SELECT outbox_create_partitions($1)")
                 .bind(i32::try_from(ahead).unwrap_or(i32::MAX))
                 .fetch_one(&mut *tx)
                 .await
+                .map(Some)
         }
         .await;
-        if to_move && is_lock_timeout(&created) {
+        if matches!(created, Ok(None)) || (to_move && is_lock_timeout(&created)) {
             tracing::warn!(
                 "the outbox's default partition holds rows to move, and the relays' claims \
                  or another maintenance kept it busy for {DROP_LOCK_TIMEOUT:?}: its days' \
@@ -85,7 +94,7 @@ impl Store for PgStore {
             );
             return Ok(0);
         }
-        let created: i32 = created.map_err(PartitionError::query(what))?;
+        let created: i32 = created.map_err(PartitionError::query(what))?.unwrap_or(0);
         tx.commit().await.map_err(PartitionError::query(what))?;
         Ok(i64::from(created))
     }
@@ -155,25 +164,12 @@ impl Store for PgStore {
         let started = std::time::Instant::now();
         let what = "dropping a published day partition";
         let mut tx = pool.begin().await.map_err(PartitionError::query(what))?;
-        sqlx::query("SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2, $3)")
-            .bind(format!("{}ms", DROP_LOCK_TIMEOUT.as_millis()))
-            .bind(MAINTENANCE_LOCK.0)
-            .bind(MAINTENANCE_LOCK.1)
-            .execute(&mut *tx)
+        if !lock_out_claims(&mut tx)
             .await
-            .map_err(PartitionError::query(what))?;
-        // Claims open now end first; later ones wait (DROP_LOCK).
-        let drop_lock = sqlx::query(AssertSqlSafe(format!(
-            "SELECT pg_advisory_xact_lock({})",
-            super::drop_lock_key(1)
-        )))
-        .bind(DROP_LOCK)
-        .execute(&mut *tx)
-        .await;
-        if is_lock_timeout(&drop_lock) {
+            .map_err(PartitionError::query(what))?
+        {
             return Ok(Outcome::Busy);
         }
-        drop_lock.map_err(PartitionError::query(what))?;
         // The root (which every insert through it needs) and this partition
         // only, not every other partition.
         let lock = format!(

@@ -348,9 +348,7 @@ impl KafkaSink {
             .expect("topic set lock")
             .remove(topic);
     }
-}
 
-impl KafkaSink {
     /// [`Sink::publish`], handing no message to the producer after
     /// `fresh_until` when given.
     async fn send(
