@@ -232,6 +232,25 @@ pub struct SinkArgs {
     #[arg(long = "kafka-option", short = 'X', value_name = "KEY=VALUE")]
     pub kafka_options: Vec<String>,
 
+    /// What each message looks like: `debezium` (the payload as value, the
+    /// event id, type and version as headers), `cloudevents` (CloudEvents
+    /// 1.0, binary content mode) or `cloudevents-structured` (the JSON
+    /// envelope with the payload as `data`) [default: debezium]
+    #[arg(long, env = "OUTBOX_FORMAT", value_enum)]
+    pub format: Option<crate::cloudevents::Format>,
+
+    /// The CloudEvents `source` of each event; {service} (OTEL_SERVICE_NAME,
+    /// else `outbox`), {aggregatetype}, {eventtype} and {version} are
+    /// replaced [default: /{service}/{aggregatetype}]
+    #[arg(long, env = "OUTBOX_CE_SOURCE")]
+    pub ce_source: Option<String>,
+
+    /// The CloudEvents `type` of each event, with the placeholders of
+    /// --ce-source; the version is also the `eventversion` attribute
+    /// [default: {eventtype}]
+    #[arg(long, env = "OUTBOX_CE_TYPE")]
+    pub ce_type: Option<String>,
+
     /// An option of Debezium's Outbox Event Router under its own name
     /// (repeatable): route.by.field, route.topic.regex,
     /// route.topic.replacement, route.tombstone.on.empty.payload; the

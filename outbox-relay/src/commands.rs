@@ -208,6 +208,7 @@ async fn run(settings: RunSettings) -> Result<(), CommandError> {
             let options = SourceOptions {
                 delete_on_publish: settings.source.delete_on_publish,
                 shards: None,
+                creation_times: false,
             };
             let postgres =
                 Arc::new(source::connect_postgres(&settings.database_url, options).await?);
@@ -295,11 +296,14 @@ pub(crate) async fn connect_sink(output: &SinkSettings) -> Result<Arc<dyn Sink>,
 
 /// How rows become messages: the topic template, or the router's options.
 pub(crate) fn topics(output: &SinkSettings) -> TopicTemplate {
-    let topics = TopicTemplate::new(output.topic_template.clone());
-    match &output.router {
-        Some(router) => topics.with_router(router.clone()),
-        None => topics,
+    let mut topics = TopicTemplate::new(output.topic_template.clone());
+    if let Some(router) = &output.router {
+        topics = topics.with_router(router.clone());
     }
+    if let Some(cloudevents) = &output.cloudevents {
+        topics = topics.with_cloudevents(cloudevents.clone());
+    }
+    topics
 }
 
 /// Where messages go, for the logs.

@@ -17,6 +17,7 @@ use crate::cli::{
     CleanupArgs, Cli, Command, GlobalArgs, MaintainArgs, RunArgs, RunMode, SinkArgs, SinkKind,
     parse_duration, parse_key_value,
 };
+use crate::cloudevents::{CloudEvents, Format};
 use crate::database::Backend;
 use crate::redact;
 use crate::relay::{RelayOptions, Retention};
@@ -141,6 +142,9 @@ pub struct FileConfig {
     nats_subject: Option<String>,
     nats_max_pending: Option<u64>,
     topic_template: Option<String>,
+    format: Option<crate::cloudevents::Format>,
+    ce_source: Option<String>,
+    ce_type: Option<String>,
     batch_size: Option<u64>,
     max_batch_bytes: Option<u64>,
     poll_interval: Option<String>,
@@ -436,6 +440,9 @@ pub struct SinkSettings {
     /// Debezium router options, when any is given: they decide the topic
     /// (instead of the template) and tombstones.
     pub router: Option<Router>,
+    /// With `--format cloudevents` or `cloudevents-structured`: how rows
+    /// become CloudEvents.
+    pub cloudevents: Option<CloudEvents>,
 }
 
 impl SinkSettings {
@@ -471,6 +478,7 @@ impl SinkSettings {
             rabbitmq,
             nats,
             router: router(args, file)?,
+            cloudevents: cloudevents(args, file)?,
             topic_template: args
                 .topic_template
                 .clone()
@@ -599,6 +607,7 @@ impl RunSettings {
         )?;
         let bound = resend_bound(mode, &relay, shard_config.as_ref(), send_timeout.value);
         let output = SinkSettings::resolve(&args.output, file, &send_timeout, bound)?;
+        let creation_times = output.cloudevents.is_some();
         let delete_on_publish = relay_deletes_on_publish(&args, file);
         Ok(Self {
             database_url,
@@ -609,6 +618,7 @@ impl RunSettings {
             source: SourceOptions {
                 delete_on_publish,
                 shards: shard_config,
+                creation_times,
             },
             relay,
             metrics_addr: args.metrics_addr.or(file.metrics_addr),
@@ -872,6 +882,41 @@ fn key_values(
         );
     }
     Ok(pairs)
+}
+
+/// The CloudEvents settings of `--format cloudevents` or
+/// `cloudevents-structured`; the `--ce-*` options need one of them.
+fn cloudevents(args: &SinkArgs, file: &FileConfig) -> Result<Option<CloudEvents>, SettingsError> {
+    let format = args.format.or(file.format).unwrap_or_default();
+    let source = args.ce_source.clone().or_else(|| file.ce_source.clone());
+    let ty = args.ce_type.clone().or_else(|| file.ce_type.clone());
+    let structured = match format {
+        Format::Debezium => {
+            if source.is_some() || ty.is_some() {
+                return Err(SettingsError::new(
+                    "--ce-source and --ce-type shape CloudEvents; add --format cloudevents \
+                     (or cloudevents-structured)",
+                ));
+            }
+            return Ok(None);
+        }
+        Format::Cloudevents => false,
+        Format::CloudeventsStructured => true,
+    };
+    let source = source.unwrap_or_else(|| crate::cloudevents::DEFAULT_SOURCE.to_owned());
+    let ty = ty.unwrap_or_else(|| crate::cloudevents::DEFAULT_TYPE.to_owned());
+    CloudEvents::check_template("--ce-source", &source).map_err(SettingsError::new)?;
+    CloudEvents::check_template("--ce-type", &ty).map_err(SettingsError::new)?;
+    let service = std::env::var("OTEL_SERVICE_NAME")
+        .ok()
+        .filter(|name| !name.trim().is_empty())
+        .unwrap_or_else(|| "outbox".to_owned());
+    Ok(Some(CloudEvents {
+        structured,
+        source,
+        ty,
+        service,
+    }))
 }
 
 /// Debezium's router options from the file, then `--router` (later ones

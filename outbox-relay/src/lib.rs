@@ -16,6 +16,7 @@ pub use outbox_contract as contract;
 
 pub mod cdc;
 pub mod cli;
+pub mod cloudevents;
 pub mod commands;
 pub mod config;
 pub mod database;

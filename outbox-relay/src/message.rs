@@ -10,6 +10,9 @@
 
 use outbox_contract::{headers, topic};
 
+use std::borrow::Cow;
+
+use crate::cloudevents::{self, CloudEvent, CloudEvents};
 use crate::record::OutboxRecord;
 use crate::router::Router;
 
@@ -29,6 +32,59 @@ pub struct Message {
     pub headers: Vec<(&'static str, String)>,
     /// The payload's JSON text; `None` for a tombstone.
     pub payload: Option<String>,
+    /// With `--format cloudevents` or `cloudevents-structured`: the
+    /// CloudEvents attributes the headers do not carry, and the mode.
+    pub cloudevent: Option<Box<CloudEvent>>,
+}
+
+/// A message as a sink writes it under its binding: the headers, the
+/// value and the content type, for the message's format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wire<'a> {
+    /// Headers, in a fixed order; without `content-type`, which
+    /// [`Wire::content_type`] holds.
+    pub headers: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    /// The value; `None` for a tombstone.
+    pub value: Option<Cow<'a, str>>,
+    /// The content type of the value, for a CloudEvent (Kafka and NATS
+    /// carry it as the `content-type` header); `None` in Debezium's shape,
+    /// which has no such header.
+    pub content_type: Option<&'static str>,
+}
+
+impl Message {
+    /// The message as a sink writes it, CloudEvents attributes (if any)
+    /// under `prefix` (see [`crate::cloudevents`]). Fails for good when a
+    /// structured CloudEvent's payload is not JSON.
+    pub fn wire(&self, prefix: &str) -> Result<Wire<'_>, String> {
+        let Some(event) = &self.cloudevent else {
+            return Ok(Wire {
+                headers: self
+                    .headers
+                    .iter()
+                    .map(|(name, value)| (Cow::Borrowed(*name), Cow::Borrowed(value.as_str())))
+                    .collect(),
+                value: self.payload.as_deref().map(Cow::Borrowed),
+                content_type: None,
+            });
+        };
+        if event.is_structured(self) {
+            return Ok(Wire {
+                headers: Vec::new(),
+                value: event.structured_value(self)?.map(Cow::Owned),
+                content_type: Some(cloudevents::STRUCTURED),
+            });
+        }
+        Ok(Wire {
+            headers: event
+                .binary_headers(self, prefix)
+                .into_iter()
+                .map(|(name, value)| (Cow::Owned(name), Cow::Owned(value)))
+                .collect(),
+            value: self.payload.as_deref().map(Cow::Borrowed),
+            content_type: Some(cloudevents::JSON),
+        })
+    }
 }
 
 /// Turns records into messages for one topic template, or for the
@@ -37,6 +93,7 @@ pub struct Message {
 pub struct TopicTemplate {
     template: String,
     router: Option<Router>,
+    cloudevents: Option<CloudEvents>,
 }
 
 impl TopicTemplate {
@@ -45,6 +102,15 @@ impl TopicTemplate {
         Self {
             template: template.into(),
             router: None,
+            cloudevents: None,
+        }
+    }
+
+    /// Messages as CloudEvents (see [`crate::cloudevents`]).
+    pub fn with_cloudevents(self, cloudevents: CloudEvents) -> Self {
+        Self {
+            cloudevents: Some(cloudevents),
+            ..self
         }
     }
 
@@ -89,6 +155,10 @@ impl TopicTemplate {
             aggregate_type: record.aggregate_type.clone(),
             headers,
             payload,
+            cloudevent: self
+                .cloudevents
+                .as_ref()
+                .map(|cloudevents| Box::new(cloudevents.event(record))),
         }
     }
 }
@@ -114,6 +184,7 @@ pub(crate) fn test_message(id: &str, key: &str) -> Message {
             ("aggregateSequence", "7".into()),
         ],
         payload: Some(r#"{"order_id":42}"#.into()),
+        cloudevent: None,
     }
 }
 

@@ -30,9 +30,10 @@ pub struct OutboxRecord {
     /// Seconds between the row's insertion and its claim, for the
     /// commit-to-acknowledgement latency.
     pub age_at_claim: f64,
-    /// `created_at` as PostgreSQL writes it (its text form), read by the
-    /// PostgreSQL claim on a partitioned outbox so that marking finds the
-    /// row in its partition; `None` elsewhere.
+    /// `created_at` as the database writes it (its text form): read by
+    /// the PostgreSQL claim on a partitioned outbox, so that marking finds
+    /// the row in its partition, and for CloudEvents' `time`; by the
+    /// MariaDB/MySQL and SQLite claims, CDC mode and replay always.
     #[sqlx(default)]
     pub created_at: Option<String>,
 }

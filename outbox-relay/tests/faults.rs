@@ -43,6 +43,16 @@ async fn wait_until_started(relay: &RelayProcess) {
 /// publishes everything committed during the outage.
 #[tokio::test(flavor = "multi_thread")]
 async fn events_committed_during_a_broker_outage_arrive_after_it() {
+    outage_in("debezium").await;
+}
+
+/// The same with messages as structured CloudEvents.
+#[tokio::test(flavor = "multi_thread")]
+async fn structured_cloudevents_committed_during_a_broker_outage_arrive_after_it() {
+    outage_in("cloudevents-structured").await;
+}
+
+async fn outage_in(format: &str) {
     let mut broker = PrivateBroker::start();
     let topics = kafka::topic_prefix("outage");
     let t = TestDb::new(Backend::Postgres).await;
@@ -56,6 +66,8 @@ async fn events_committed_during_a_broker_outage_arrive_after_it() {
             "3s",
             "--topic-template",
             &template,
+            "--format",
+            format,
         ],
         &t.url,
         &broker.address,
@@ -104,13 +116,31 @@ async fn events_committed_during_a_broker_outage_arrive_after_it() {
 /// relay: nothing is lost and no aggregate's events overtake each other.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_mid_stream_loses_nothing() {
+    sigkill_mid_stream_loses_nothing_in("debezium").await;
+}
+
+/// The same with messages as binary CloudEvents.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_mid_stream_loses_no_cloudevent() {
+    sigkill_mid_stream_loses_nothing_in("cloudevents").await;
+}
+
+async fn sigkill_mid_stream_loses_nothing_in(format: &str) {
     let brokers = kafka::brokers();
     let topics = kafka::topic_prefix("sigkill");
     let t = TestDb::new(Backend::Postgres).await;
     let ids = seed(&t.db, 40, 50, 10).await;
     let total = ids.len() as i64;
     let template = format!("{topics}.{{aggregatetype}}");
-    let args = ["run", "--batch-size", "25", "--topic-template", &template];
+    let args = [
+        "run",
+        "--batch-size",
+        "25",
+        "--topic-template",
+        &template,
+        "--format",
+        format,
+    ];
 
     let mut kills = 0;
     let mut published_at_kill = Vec::new();
@@ -138,7 +168,14 @@ async fn sigkill_mid_stream_loses_nothing() {
     );
 
     let mut last = relay(
-        &["run", "--drain", "--topic-template", &template],
+        &[
+            "run",
+            "--drain",
+            "--topic-template",
+            &template,
+            "--format",
+            format,
+        ],
         &t.url,
         &brokers,
     );

@@ -440,6 +440,7 @@ async fn a_kafka_sink_hands_nothing_over_past_its_send_window() {
             aggregate_type: "Window".into(),
             headers: vec![(HEADER_ID, format!("event-{n}"))],
             payload: Some(format!("{{\"n\":{n}}}")),
+            cloudevent: None,
         })
         .collect();
     let past = std::time::Instant::now() - Duration::from_millis(1);

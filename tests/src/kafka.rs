@@ -79,6 +79,40 @@ impl Consumed {
         self.headers.get(name).map(String::as_str)
     }
 
+    /// What the message says about its event, whatever its format:
+    /// Debezium's headers (`id`), a binary CloudEvent's (`ce_id`) or a
+    /// structured CloudEvent's envelope (`id` in the value).
+    fn attribute(&self, debezium: &str, cloudevents: &str) -> Option<String> {
+        if let Some(value) = self
+            .header(debezium)
+            .or_else(|| self.header(&format!("ce_{cloudevents}")))
+        {
+            return Some(value.to_owned());
+        }
+        let structured = self
+            .header("content-type")
+            .is_some_and(|value| value.starts_with("application/cloudevents"));
+        if !structured {
+            return None;
+        }
+        match &self.json()[cloudevents] {
+            serde_json::Value::String(text) => Some(text.clone()),
+            serde_json::Value::Null => None,
+            other => Some(other.to_string()),
+        }
+    }
+
+    /// The event id, in any format (see [`Consumed::attribute`]).
+    pub fn event_id(&self) -> Option<String> {
+        self.attribute("id", "id")
+    }
+
+    /// The aggregate sequence number, in any format.
+    pub fn aggregate_sequence(&self) -> Option<i64> {
+        self.attribute("aggregateSequence", "aggregatesequence")
+            .map(|text| text.parse().expect("numeric sequence"))
+    }
+
     /// The payload parsed as JSON.
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(self.payload.as_deref().expect("a payload")).expect("JSON payload")

@@ -61,23 +61,22 @@ pub struct StreamReport {
 
 /// Checks that every id in `expected_ids` arrived and that, per key, the
 /// first arrival of each `aggregateSequence` is in increasing order (a
-/// redelivery may repeat earlier numbers; nothing may overtake).
+/// redelivery may repeat earlier numbers; nothing may overtake). Reads
+/// Debezium's shape and CloudEvents alike.
 pub fn check_stream(messages: &[Consumed], expected_ids: &[String]) -> StreamReport {
     let mut seen_ids = HashSet::new();
     let mut duplicates = 0;
     let mut first_arrivals: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     let mut seen_sequences: HashSet<(String, i64)> = HashSet::new();
     for message in messages {
-        let id = message.header("id").expect("id header").to_owned();
+        let id = message.event_id().expect("an event id");
         if !seen_ids.insert(id) {
             duplicates += 1;
         }
         let key = message.key.clone().expect("a key");
-        let sequence: i64 = message
-            .header("aggregateSequence")
-            .expect("aggregateSequence header")
-            .parse()
-            .expect("numeric sequence");
+        let sequence = message
+            .aggregate_sequence()
+            .expect("an aggregate sequence number");
         if seen_sequences.insert((key.clone(), sequence)) {
             first_arrivals.entry(key).or_default().push(sequence);
         }

@@ -132,14 +132,14 @@ impl OrderHandler {
         incoming: &IncomingMessage<'_>,
         position: &str,
     ) -> anyhow::Result<Handled> {
-        let metadata = match incoming.metadata() {
-            Ok(metadata) => metadata,
+        let (metadata, payload) = match incoming.read() {
+            Ok(read) => read,
             Err(error) => return self.invalid(position, error),
         };
         // An event type this consumer does not handle still goes through
         // the inbox: it is part of its order's sequence, and skipping it
         // would make the next event look like it follows a gap.
-        let event = match self.decoder.decode_payload(&metadata, incoming.payload) {
+        let event = match self.decoder.decode_payload(&metadata, payload) {
             Ok(event) => Some(event),
             Err(DecodeError::UnknownEventType { .. }) => None,
             Err(error) => return self.invalid(position, error),

@@ -176,8 +176,8 @@ impl<T: 'static> EventDecoder<T> {
 
     /// Reads the message's metadata and decodes its payload.
     pub fn decode(&self, message: &IncomingMessage<'_>) -> Result<Decoded<T>, DecodeError> {
-        let metadata = EventMetadata::from_message(message)?;
-        let event = self.decode_payload(&metadata, message.payload)?;
+        let (metadata, payload) = super::message::read(message)?;
+        let event = self.decode_payload(&metadata, payload)?;
         Ok(Decoded { metadata, event })
     }
 

@@ -25,6 +25,32 @@ pub enum DecodeError {
         /// What was expected.
         reason: &'static str,
     },
+    /// A CloudEvent lacks a required attribute (`id`, `type`).
+    #[error(
+        "the CloudEvent has no `{attribute}` attribute; outbox CloudEvents carry `id`, `type` \
+         and `eventversion`"
+    )]
+    MissingAttribute {
+        /// The attribute's name.
+        attribute: &'static str,
+    },
+    /// A CloudEvent attribute's value cannot be read.
+    #[error("the CloudEvent's `{attribute}` attribute {value:?} is invalid: {reason}")]
+    InvalidAttribute {
+        /// The attribute's name.
+        attribute: &'static str,
+        /// Its value (lossily as text).
+        value: String,
+        /// What was expected.
+        reason: &'static str,
+    },
+    /// A structured CloudEvent's value is not an envelope the consumer can
+    /// read.
+    #[error("the structured CloudEvent cannot be read: {reason}")]
+    InvalidEnvelope {
+        /// Why.
+        reason: String,
+    },
     /// The key (the aggregate id) is not UTF-8.
     #[error("the message key {key:?} is not UTF-8; outbox keys are aggregate ids")]
     InvalidKey {

@@ -20,8 +20,11 @@
 //! The same event thus has the same topic and aggregate id on every broker,
 //! and the [`Inbox`](super::Inbox) keeps the same high-water marks for it.
 
+use std::borrow::Cow;
+
 use uuid::Uuid;
 
+use super::cloudevents::{self, Envelope};
 use super::error::DecodeError;
 
 /// The header names of the message contract, from [`outbox_contract`].
@@ -137,6 +140,29 @@ impl<'a> IncomingMessage<'a> {
     pub fn metadata(&self) -> Result<EventMetadata, DecodeError> {
         EventMetadata::from_message(self)
     }
+
+    /// Reads the event's metadata and its payload, whatever the message's
+    /// form: in Debezium's shape and as a binary CloudEvent the payload is
+    /// the value; in a structured CloudEvent it is the envelope's `data`
+    /// (see [`super::cloudevents`]). `None` for a tombstone.
+    ///
+    /// ```
+    /// use outbox_core::IncomingMessage;
+    ///
+    /// let value = br#"{"specversion":"1.0","id":"0190a7e8-0000-7000-8000-000000000001",
+    ///     "source":"/shop/Order","type":"OrderPlaced","subject":"7",
+    ///     "eventversion":"2","data":{"order_id":7}}"#;
+    /// let message = IncomingMessage::new("outbox.event.Order", Some(value))
+    ///     .header("content-type", b"application/cloudevents+json; charset=UTF-8");
+    /// let (metadata, payload) = message.read()?;
+    /// assert_eq!((metadata.event_type.as_str(), metadata.version), ("OrderPlaced", 2));
+    /// assert_eq!(metadata.aggregate_id.as_deref(), Some("7"));
+    /// assert_eq!(payload, Some(&br#"{"order_id":7}"#[..]));
+    /// # Ok::<(), outbox_core::DecodeError>(())
+    /// ```
+    pub fn read(&self) -> Result<(EventMetadata, Option<&'a [u8]>), DecodeError> {
+        read(self)
+    }
 }
 
 /// What a message's headers and key say about its event: the identity the
@@ -200,6 +226,11 @@ impl EventMetadata {
     /// # Ok::<(), DecodeError>(())
     /// ```
     pub fn from_message(message: &IncomingMessage<'_>) -> Result<Self, DecodeError> {
+        Ok(read(message)?.0)
+    }
+
+    /// Reads the metadata of `message` in Debezium's shape.
+    fn from_headers(message: &IncomingMessage<'_>) -> Result<Self, DecodeError> {
         let id = required_text(message, headers::ID)?;
         let id = Uuid::parse_str(id).map_err(|_| invalid(headers::ID, id, "expected a UUID"))?;
         let event_type = required_text(message, headers::EVENT_TYPE)?.to_owned();
@@ -226,17 +257,7 @@ impl EventMetadata {
             .transpose()?;
         let traceparent = optional_text(message, headers::TRACEPARENT)?.map(str::to_owned);
         let replay_id = optional_text(message, headers::REPLAY_ID)?.map(str::to_owned);
-        let aggregate_id = message
-            .key
-            .map(|key| {
-                std::str::from_utf8(key)
-                    .map(str::to_owned)
-                    .map_err(|_| DecodeError::InvalidKey {
-                        key: String::from_utf8_lossy(key).into_owned(),
-                    })
-            })
-            .transpose()?;
-        let aggregate_id = match aggregate_id {
+        let aggregate_id = match key(message)? {
             Some(key) => Some(key),
             None => optional_text(message, headers::AGGREGATE_ID)?.map(str::to_owned),
         };
@@ -251,6 +272,108 @@ impl EventMetadata {
             replay_id,
         })
     }
+}
+
+/// The metadata and payload of `message`, in whichever form it comes:
+/// a binary CloudEvent, a structured one (the payload its `data`), or
+/// Debezium's shape.
+pub(crate) fn read<'a>(
+    message: &IncomingMessage<'a>,
+) -> Result<(EventMetadata, Option<&'a [u8]>), DecodeError> {
+    if let Some(prefix) = cloudevents::binary_prefix(message) {
+        let attribute = |name: &'static str| {
+            let header = format!("{prefix}{name}");
+            message
+                .header_value(&header)
+                .map(|value| {
+                    std::str::from_utf8(value).map(Cow::Borrowed).map_err(|_| {
+                        DecodeError::InvalidAttribute {
+                            attribute: name,
+                            value: String::from_utf8_lossy(value).into_owned(),
+                            reason: "not UTF-8",
+                        }
+                    })
+                })
+                .transpose()
+        };
+        return Ok((from_attributes(message, attribute)?, message.payload));
+    }
+    if let Some(envelope) = Envelope::of(message)? {
+        let metadata = from_attributes(message, |name| envelope.attribute(name))?;
+        return Ok((metadata, envelope.data()?));
+    }
+    Ok((EventMetadata::from_headers(message)?, message.payload))
+}
+
+/// The metadata of a CloudEvent whose attributes `attribute` reads.
+fn from_attributes<'a>(
+    message: &IncomingMessage<'a>,
+    attribute: impl Fn(&'static str) -> Result<Option<Cow<'a, str>>, DecodeError>,
+) -> Result<EventMetadata, DecodeError> {
+    let required = |name: &'static str| {
+        attribute(name)?.ok_or(DecodeError::MissingAttribute { attribute: name })
+    };
+    let positive = |name: &'static str, text: Cow<'a, str>| {
+        text.parse::<i64>()
+            .ok()
+            .filter(|number| *number > 0)
+            .ok_or_else(|| DecodeError::InvalidAttribute {
+                attribute: name,
+                value: text.into_owned(),
+                reason: "expected a number from 1",
+            })
+    };
+    let id = required("id")?;
+    let id = Uuid::parse_str(&id).map_err(|_| DecodeError::InvalidAttribute {
+        attribute: "id",
+        value: id.clone().into_owned(),
+        reason: "expected a UUID",
+    })?;
+    let event_type = match attribute("eventtype")? {
+        Some(event_type) => event_type,
+        None => required("type")?,
+    };
+    let version = match attribute("eventversion")? {
+        Some(text) => u32::try_from(positive("eventversion", text)?).map_err(|_| {
+            DecodeError::InvalidAttribute {
+                attribute: "eventversion",
+                value: String::new(),
+                reason: "too large",
+            }
+        })?,
+        None => 1,
+    };
+    let aggregate_sequence = attribute("aggregatesequence")?
+        .map(|text| positive("aggregatesequence", text))
+        .transpose()?;
+    let aggregate_id = match key(message)? {
+        Some(key) => Some(key),
+        None => attribute("subject")?.map(Cow::into_owned),
+    };
+    Ok(EventMetadata {
+        id,
+        event_type: event_type.into_owned(),
+        version,
+        topic: message.topic.to_owned(),
+        aggregate_id,
+        aggregate_sequence,
+        traceparent: attribute("traceparent")?.map(Cow::into_owned),
+        replay_id: attribute("replayid")?.map(Cow::into_owned),
+    })
+}
+
+/// The message key as text, if there is one.
+fn key(message: &IncomingMessage<'_>) -> Result<Option<String>, DecodeError> {
+    message
+        .key
+        .map(|key| {
+            std::str::from_utf8(key)
+                .map(str::to_owned)
+                .map_err(|_| DecodeError::InvalidKey {
+                    key: String::from_utf8_lossy(key).into_owned(),
+                })
+        })
+        .transpose()
 }
 
 fn required_text<'a>(

@@ -2,7 +2,9 @@
 //! events, and applying their effects exactly once.
 //!
 //! - [`IncomingMessage`] is a consumed message, whatever the client, and
-//!   [`EventMetadata`] what its headers and key say (module [`message`]);
+//!   [`EventMetadata`] what its headers and key say (module [`message`]),
+//!   in Debezium's shape or as a CloudEvent, binary or structured (module
+//!   [`cloudevents`]);
 //! - [`EventDecoder`] decodes it by event type and version, with upcasts
 //!   (module [`decode`]); either step fails with a [`DecodeError`] (module
 //!   [`error`]);
@@ -15,6 +17,7 @@
 //! repetitions into one effect, provided the consumer commits its offsets
 //! only after the transaction that applied the event.
 
+pub mod cloudevents;
 pub mod decode;
 pub mod error;
 pub mod inbox;

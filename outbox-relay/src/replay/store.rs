@@ -153,7 +153,7 @@ const POSTGRES: Words = Words {
     placeholders: Placeholders::Numbered,
     record_columns: "o.id::text AS id, o.aggregatetype, o.aggregateid, o.type, \
         o.payload::text AS payload, o.event_version, o.aggregate_seq, o.traceparent, o.seq, \
-        o.attempts, 0::float8 AS age_at_claim",
+        o.attempts, 0::float8 AS age_at_claim, o.created_at::text AS created_at",
     time_text: "to_char({} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
     time_format: "%Y-%m-%dT%H:%M:%S%.6fZ",
     time_param: "CAST({} AS timestamptz)",
@@ -167,7 +167,8 @@ const MYSQL: Words = Words {
     placeholders: Placeholders::QuestionMarks,
     record_columns: "o.id, o.aggregatetype, o.aggregateid, o.type, \
         CAST(o.payload AS CHAR) AS payload, o.event_version, o.aggregate_seq, o.traceparent, \
-        o.seq, o.attempts, CAST(0 AS DOUBLE) AS age_at_claim",
+        o.seq, o.attempts, CAST(0 AS DOUBLE) AS age_at_claim, \
+        CAST(o.created_at AS CHAR) AS created_at",
     time_text: "DATE_FORMAT({}, '%Y-%m-%dT%H:%i:%s.%fZ')",
     time_format: "%Y-%m-%d %H:%M:%S%.6f",
     time_param: "CAST({} AS DATETIME(6))",
@@ -183,7 +184,7 @@ const SQLITE: Words = Words {
     placeholders: Placeholders::QuestionMarks,
     record_columns: "o.id, o.aggregatetype, o.aggregateid, o.type, o.payload, \
         o.event_version, o.aggregate_seq, o.traceparent, o.seq, o.attempts, \
-        0.0 AS age_at_claim",
+        0.0 AS age_at_claim, o.created_at",
     time_text: "strftime('%Y-%m-%dT%H:%M:%fZ', {})",
     time_format: "%Y-%m-%dT%H:%M:%S%.3fZ",
     time_param: "strftime('%Y-%m-%dT%H:%M:%fZ', {})",

@@ -45,6 +45,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _, PurgeConfig};
 
 use super::{SendError, Sink};
+use crate::cloudevents;
 use crate::message::Message;
 
 /// librdkafka's `queue.buffering.max.kbytes` unless set otherwise: 32 MiB,
@@ -314,8 +315,17 @@ impl KafkaSink {
         message: &Message,
         deadline: tokio::time::Instant,
     ) -> Result<rdkafka::producer::DeliveryFuture, SendError> {
-        let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());
-        for (name, value) in &message.headers {
+        let wire = message
+            .wire(cloudevents::KAFKA_PREFIX)
+            .map_err(SendError::permanent)?;
+        let mut headers = OwnedHeaders::new_with_capacity(wire.headers.len() + 1);
+        if let Some(content_type) = wire.content_type {
+            headers = headers.insert(Header {
+                key: "content-type",
+                value: Some(content_type.as_bytes()),
+            });
+        }
+        for (name, value) in &wire.headers {
             headers = headers.insert(Header {
                 key: name,
                 value: Some(value.as_bytes()),
@@ -324,8 +334,8 @@ impl KafkaSink {
         let mut record = FutureRecord::to(&message.topic)
             .key(message.key.as_bytes())
             .headers(headers);
-        if let Some(payload) = &message.payload {
-            record = record.payload(payload.as_bytes());
+        if let Some(value) = &wire.value {
+            record = record.payload(value.as_bytes());
         }
         loop {
             match producer.send_result(record) {

@@ -56,7 +56,8 @@ use futures::future::{Join, Ready, join, ready};
 use futures::stream::FuturesUnordered;
 
 use super::{SendError, Sink};
-use crate::message::Message;
+use crate::cloudevents;
+use crate::message::{Message, Wire};
 use outbox_contract::headers;
 use subject::{MAX_SUBJECT_BYTES, SubjectTemplate, covers};
 
@@ -300,10 +301,11 @@ fn header_value(name: &str, value: &str) -> Result<HeaderValue, SendError> {
     }
 }
 
-/// The headers of a message: `Nats-Msg-Id`, the Kafka headers,
-/// `aggregateType` and `aggregateId`. Fails for good when a value cannot be
-/// carried by a NATS header.
-pub fn message_headers(message: &Message) -> Result<HeaderMap, SendError> {
+/// The headers of a message: `Nats-Msg-Id`, then in Debezium's shape the
+/// Kafka headers, `aggregateType` and `aggregateId`, or for a CloudEvent
+/// `content-type` and its attributes under `ce-`. Fails for good when a
+/// value cannot be carried by a NATS header.
+pub fn message_headers(message: &Message, wire: &Wire<'_>) -> Result<HeaderMap, SendError> {
     let mut map = HeaderMap::new();
     let header = |wanted: &str| {
         message
@@ -320,17 +322,22 @@ pub fn message_headers(message: &Message) -> Result<HeaderMap, SendError> {
         None => id.to_owned(),
     };
     map.insert(MSG_ID_HEADER, header_value("event id", &msg_id)?);
-    for (name, value) in &message.headers {
-        map.insert(*name, header_value(name, value)?);
+    if let Some(content_type) = wire.content_type {
+        map.insert("content-type", content_type);
     }
-    map.insert(
-        headers::AGGREGATE_TYPE,
-        header_value("aggregate type", &message.aggregate_type)?,
-    );
-    map.insert(
-        headers::AGGREGATE_ID,
-        header_value("aggregate id", &message.key)?,
-    );
+    for (name, value) in &wire.headers {
+        map.insert(name.as_ref(), header_value(name, value)?);
+    }
+    if message.cloudevent.is_none() {
+        map.insert(
+            headers::AGGREGATE_TYPE,
+            header_value("aggregate type", &message.aggregate_type)?,
+        );
+        map.insert(
+            headers::AGGREGATE_ID,
+            header_value("aggregate id", &message.key)?,
+        );
+    }
     Ok(map)
 }
 
@@ -635,10 +642,18 @@ fn prepare(message: &Message, subject: &str) -> Result<PublishMessage, SendError
             subject.len()
         )));
     }
-    let body = message.payload.clone().unwrap_or_default().into_bytes();
+    let wire = message
+        .wire(cloudevents::NATS_PREFIX)
+        .map_err(SendError::permanent)?;
+    let body = wire
+        .value
+        .as_deref()
+        .unwrap_or_default()
+        .as_bytes()
+        .to_vec();
     Ok(PublishMessage::build()
         .payload(body.into())
-        .headers(message_headers(message)?))
+        .headers(message_headers(message, &wire)?))
 }
 
 /// A PubAck awaited, with the index of its message in the batch.
@@ -800,13 +815,17 @@ mod tests {
             .collect()
     }
 
+    fn headers_of(message: &Message) -> Result<HeaderMap, SendError> {
+        message_headers(message, &message.wire(cloudevents::NATS_PREFIX).unwrap())
+    }
+
     #[test]
     fn headers_carry_the_contract_and_the_message_id() {
         let mut with_trace = message("e-1", "a.b c");
         with_trace
             .headers
             .push(("traceparent", "00-ab-cd-01".into()));
-        let map = message_headers(&with_trace).unwrap();
+        let map = headers_of(&with_trace).unwrap();
         let text = |name: &str| map.get(name).map(|value| value.as_str().to_owned());
         assert_eq!(text("Nats-Msg-Id").as_deref(), Some("e-1"));
         assert_eq!(text("id").as_deref(), Some("e-1"));
@@ -820,18 +839,18 @@ mod tests {
             Some("a.b c"),
             "the original id"
         );
-        let plain = message_headers(&message("e-2", "42")).unwrap();
+        let plain = headers_of(&message("e-2", "42")).unwrap();
         assert!(plain.get("traceparent").is_none());
     }
 
     #[test]
     fn a_value_no_header_can_carry_fails_for_good_instead_of_panicking() {
         for key in ["line\nbreak", "carriage\rreturn", " padded", "padded\t"] {
-            let error = message_headers(&message("e-1", key)).unwrap_err();
+            let error = headers_of(&message("e-1", key)).unwrap_err();
             assert_eq!(error.kind, FailureKind::Permanent, "{key:?}");
             assert!(error.reason.contains("aggregate id"), "{}", error.reason);
         }
-        assert!(message_headers(&message("e-1", "in\tside")).is_ok());
+        assert!(headers_of(&message("e-1", "in\tside")).is_ok());
     }
 
     #[test]

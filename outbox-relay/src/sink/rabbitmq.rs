@@ -59,7 +59,8 @@ use lapin::{
 use super::{SendError, Sink};
 use outbox_contract::headers;
 
-use crate::message::Message;
+use crate::cloudevents;
+use crate::message::{Message, Wire};
 
 /// The default AMQP URL: a local broker, user `guest`, vhost `/`.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -305,9 +306,15 @@ fn one_line(error: &lapin::Error) -> String {
 }
 
 /// The AMQP properties of a message published at `timestamp` (seconds
-/// since the epoch). Fails for good when a value does not fit AMQP's
-/// 255-byte short strings.
-pub fn properties(message: &Message, timestamp: u64) -> Result<BasicProperties, SendError> {
+/// since the epoch), written as `wire`: in Debezium's shape the Kafka
+/// headers plus `aggregateType` and `aggregateId`, for a CloudEvent its
+/// attributes under `cloudEvents_` and its content type. Fails for good
+/// when a value does not fit AMQP's 255-byte short strings.
+pub fn properties(
+    message: &Message,
+    wire: &Wire<'_>,
+    timestamp: u64,
+) -> Result<BasicProperties, SendError> {
     let short = |what: &str, value: &str| {
         ShortString::try_new(value).map_err(|_| {
             SendError::permanent(format!(
@@ -325,23 +332,25 @@ pub fn properties(message: &Message, timestamp: u64) -> Result<BasicProperties, 
             .unwrap_or_default()
     };
     let mut table = FieldTable::default();
-    for (name, value) in &message.headers {
+    for (name, value) in &wire.headers {
         table.insert(
-            (*name).into(),
-            AMQPValue::LongString(LongString::from(value.as_str())),
+            name.as_ref().into(),
+            AMQPValue::LongString(LongString::from(value.as_ref())),
         );
     }
-    table.insert(
-        headers::AGGREGATE_TYPE.into(),
-        AMQPValue::LongString(LongString::from(message.aggregate_type.as_str())),
-    );
-    table.insert(
-        headers::AGGREGATE_ID.into(),
-        AMQPValue::LongString(LongString::from(message.key.as_str())),
-    );
+    if message.cloudevent.is_none() {
+        table.insert(
+            headers::AGGREGATE_TYPE.into(),
+            AMQPValue::LongString(LongString::from(message.aggregate_type.as_str())),
+        );
+        table.insert(
+            headers::AGGREGATE_ID.into(),
+            AMQPValue::LongString(LongString::from(message.key.as_str())),
+        );
+    }
     Ok(BasicProperties::default()
         .with_delivery_mode(2)
-        .with_content_type("application/json".into())
+        .with_content_type(wire.content_type.unwrap_or(cloudevents::JSON).into())
         .with_message_id(short("event id", header(headers::ID))?)
         .with_type(short("event type", header(headers::EVENT_TYPE))?)
         .with_timestamp(timestamp)
@@ -571,14 +580,14 @@ impl<'a> InFlight<'a> {
                 .fail(index, SendError::transient(reason.clone()));
             return;
         }
-        let (routing_key, properties) = match addressed(message, self.timestamp) {
+        let (routing_key, properties, wire) = match addressed(message, self.timestamp) {
             Ok(addressed) => addressed,
             Err(error) => {
                 self.confirms.fail(index, error);
                 return;
             }
         };
-        let body = message.payload.as_deref().unwrap_or_default().as_bytes();
+        let body = wire.value.as_deref().unwrap_or_default().as_bytes();
         let publishing = self.channel.basic_publish(
             self.exchange.clone(),
             routing_key,
@@ -606,19 +615,23 @@ impl<'a> InFlight<'a> {
     }
 }
 
-/// The routing key and properties of a message published at `timestamp`.
+/// The routing key, properties and wire form (the body) of a message
+/// published at `timestamp`.
 fn addressed(
     message: &Message,
     timestamp: u64,
-) -> Result<(ShortString, BasicProperties), SendError> {
-    let properties = properties(message, timestamp)?;
+) -> Result<(ShortString, BasicProperties, Wire<'_>), SendError> {
+    let wire = message
+        .wire(cloudevents::AMQP_PREFIX)
+        .map_err(SendError::permanent)?;
+    let properties = properties(message, &wire, timestamp)?;
     let routing_key = ShortString::try_new(message.topic.clone()).map_err(|_| {
         SendError::permanent(format!(
             "the routing key {:?} is longer than AMQP's 255 bytes",
             message.topic
         ))
     })?;
-    Ok((routing_key, properties))
+    Ok((routing_key, properties, wire))
 }
 
 /// Notes a confirm lapin resolved.
@@ -652,7 +665,8 @@ mod tests {
 
     #[test]
     fn properties_carry_the_contract() {
-        let properties = properties(&message("e-1", "42"), 1_700_000_000).unwrap();
+        let plain = message("e-1", "42");
+        let properties = properties(&plain, &plain.wire("").unwrap(), 1_700_000_000).unwrap();
         assert_eq!(*properties.delivery_mode(), Some(2));
         assert_eq!(
             properties.content_type().as_ref().map(ShortString::as_str),
@@ -687,7 +701,7 @@ mod tests {
     fn an_event_type_too_long_for_amqp_fails_for_good() {
         let mut long = message("e-1", "42");
         long.headers[1].1 = "E".repeat(256);
-        let error = properties(&long, 0).unwrap_err();
+        let error = properties(&long, &long.wire("").unwrap(), 0).unwrap_err();
         assert_eq!(error.kind, FailureKind::Permanent);
     }
 

@@ -3,6 +3,7 @@
 //! as JSON (null for a tombstone). Logs go to standard error, so the output
 //! can be piped.
 
+use std::borrow::Cow;
 use std::io::Write;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use super::{SendError, Sink};
+use crate::cloudevents;
 use crate::message::Message;
 
 /// Writes messages to standard output.
@@ -26,7 +28,7 @@ struct Line<'a> {
 }
 
 /// Headers as a JSON object, in the message's order.
-struct Headers<'a>(&'a [(&'static str, String)]);
+struct Headers<'a>(&'a [(Cow<'a, str>, Cow<'a, str>)]);
 
 impl Serialize for Headers<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -39,9 +41,20 @@ impl Serialize for Headers<'_> {
     }
 }
 
-/// The JSON line of a message. A payload that is not JSON fails for good.
+/// The JSON line of a message, as Kafka would carry it (CloudEvents
+/// attributes under `ce_`, and a `content-type` header first). A payload
+/// that is not JSON fails for good.
 pub fn json_line(message: &Message) -> Result<String, SendError> {
-    let payload = match &message.payload {
+    let mut wire = message
+        .wire(cloudevents::KAFKA_PREFIX)
+        .map_err(SendError::permanent)?;
+    if let Some(content_type) = wire.content_type {
+        wire.headers.insert(
+            0,
+            (Cow::Borrowed("content-type"), Cow::Borrowed(content_type)),
+        );
+    }
+    let payload = match &wire.value {
         Some(text) => Some(
             serde_json::from_str::<&RawValue>(text)
                 .map_err(|error| SendError::permanent(format!("payload is not JSON: {error}")))?,
@@ -51,7 +64,7 @@ pub fn json_line(message: &Message) -> Result<String, SendError> {
     let line = Line {
         topic: &message.topic,
         key: &message.key,
-        headers: Headers(&message.headers),
+        headers: Headers(&wire.headers),
         payload,
     };
     serde_json::to_string(&line).map_err(|error| SendError::permanent(error.to_string()))
@@ -101,6 +114,7 @@ mod tests {
             aggregate_type: "Order".into(),
             headers: vec![("id", "e-1".into()), ("eventType", "OrderPlaced".into())],
             payload: Some(r#"{"order_id": 42}"#.into()),
+            cloudevent: None,
         };
         assert_eq!(
             json_line(&message).unwrap(),
@@ -116,6 +130,7 @@ mod tests {
             aggregate_type: "A".into(),
             headers: vec![],
             payload: None,
+            cloudevent: None,
         };
         assert!(json_line(&message).unwrap().ends_with(r#""payload":null}"#));
         message.payload = Some("not json".into());

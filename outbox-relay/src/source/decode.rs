@@ -223,9 +223,11 @@ where
         // A measurement, not the row's content: a `created_at` the
         // database cannot subtract gives an unknown (zero) age.
         age_at_claim: optional(row, columns.age_at_claim)?.unwrap_or(0.0),
-        // Only PostgreSQL's claims read it.
+        // Read where known (a claim may leave it out); a value that is
+        // not text (plain SQL may write anything into SQLite's column)
+        // is an unknown time, never a reason to park the row.
         created_at: match columns.created_at.index {
-            Some(_) => optional(row, columns.created_at)?,
+            Some(_) => optional(row, columns.created_at).ok().flatten(),
             None => None,
         },
     })

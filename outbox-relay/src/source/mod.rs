@@ -56,6 +56,10 @@ pub struct SourceOptions {
     /// (PostgreSQL and MariaDB/MySQL). Without it, a claim takes any pending
     /// row (`FOR UPDATE SKIP LOCKED`), which suits one instance only.
     pub shards: Option<shards::ShardConfig>,
+    /// Claims read each row's creation time (`--format cloudevents`
+    /// carries it as the event's `time`). MariaDB/MySQL and SQLite always
+    /// read it; PostgreSQL reads it on a partitioned outbox anyway.
+    pub creation_times: bool,
 }
 
 /// A source of pending outbox rows.

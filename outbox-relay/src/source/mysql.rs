@@ -35,7 +35,7 @@ use crate::record::OutboxRecord;
 const COLUMNS: &str = "id, aggregatetype, aggregateid, type, CAST(payload AS CHAR) AS payload, \
      event_version, aggregate_seq, traceparent, seq, attempts, \
      COALESCE(CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS DOUBLE) / 1e6, 0) \
-       AS age_at_claim";
+       AS age_at_claim, CAST(created_at AS CHAR) AS created_at";
 
 const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
 

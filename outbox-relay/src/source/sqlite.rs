@@ -28,7 +28,7 @@ use crate::database::DatabaseUrl;
 /// The columns of a claimed row, named as [`OutboxRecord`](crate::record::OutboxRecord)'s fields.
 const COLUMNS: &str = "id, aggregatetype, aggregateid, type, payload, event_version, \
      aggregate_seq, traceparent, seq, attempts, \
-     (julianday('now') - julianday(created_at)) * 86400.0 AS age_at_claim";
+     (julianday('now') - julianday(created_at)) * 86400.0 AS age_at_claim, created_at";
 
 /// Rows per statement, far below SQLite's bind-parameter limit.
 const CHUNK: usize = 500;

@@ -965,6 +965,7 @@ async fn run(
             SourceOptions {
                 delete_on_publish: false,
                 shards: None,
+                creation_times: false,
             },
         )
         .await?,

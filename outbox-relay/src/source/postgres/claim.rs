@@ -142,11 +142,11 @@ const CLAIMED_COLUMNS: &str = "id, aggregatetype, aggregateid, type, \
        THEN EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 ELSE 0 END AS age_at_claim";
 
 /// A claimed row's creation time as PostgreSQL writes it: read on a
-/// partitioned outbox, whose marks find each row's partition by it; NULL
-/// on a plain one, whose marks go by id alone (see
-/// [`OutboxRecord::created_at`]).
-fn created_at(partitioned: bool) -> &'static str {
-    if partitioned {
+/// partitioned outbox, whose marks find each row's partition by it, and
+/// for CloudEvents' `time`; NULL otherwise, since a plain outbox's marks go
+/// by id alone (see [`OutboxRecord::created_at`]).
+fn created_at(read: bool) -> &'static str {
+    if read {
         "created_at::text AS created_at"
     } else {
         "NULL::text AS created_at"

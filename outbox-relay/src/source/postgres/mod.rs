@@ -55,6 +55,9 @@ pub struct PgDialect {
     /// claims read each row's creation time and marks find the row's
     /// partition by it.
     partitioned: bool,
+    /// Claims read each row's creation time: on a partitioned outbox, or
+    /// when asked ([`SourceOptions::creation_times`]).
+    creation_times: bool,
 }
 
 impl PostgresSource {
@@ -127,6 +130,7 @@ impl Dialect for PgDialect {
             listener: Mutex::new(None),
             settled: Arc::default(),
             partitioned,
+            creation_times: partitioned || options.creation_times,
         };
         Ok((pool, dialect))
     }
@@ -159,7 +163,7 @@ impl Dialect for PgDialect {
         request: &ClaimRequest<'_>,
     ) -> Result<ClaimedRows, SourceError> {
         let dialect = source.dialect();
-        let claimed = claim::claim(conn, request, &dialect.settled, dialect.partitioned).await?;
+        let claimed = claim::claim(conn, request, &dialect.settled, dialect.creation_times).await?;
         if !claimed.records.is_empty() {
             source.dialect().stop_watching().await;
         }
