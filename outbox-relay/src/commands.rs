@@ -209,6 +209,8 @@ async fn run(settings: RunSettings) -> Result<(), CommandError> {
                 delete_on_publish: settings.source.delete_on_publish,
                 shards: None,
                 creation_times: false,
+                // Checked at start, as for polling; CDC reads them from the log.
+                extra: settings.source.extra.clone(),
             };
             let postgres =
                 Arc::new(source::connect_postgres(&settings.database_url, options).await?);
@@ -270,6 +272,7 @@ async fn relay_from(
                 shutdown_timeout: settings.relay.shutdown_timeout,
                 retention: settings.relay.retention,
                 metrics_interval: settings.metrics_addr.map(|_| settings.metrics_interval),
+                extra_columns: settings.source.extra.columns.clone(),
                 ..CdcOptions::default()
             };
             CdcRelay::new(settings.database_url, postgres, sink, topics, options)

@@ -523,6 +523,17 @@ impl ReplaySettings {
         file: &FileConfig,
     ) -> Result<Self, SettingsError> {
         let mut output = SinkSettings::for_replay(&args.output, file)?;
+        if output
+            .router
+            .as_ref()
+            .is_some_and(|router| !router.extra_columns().columns.is_empty())
+        {
+            return Err(SettingsError::new(
+                "replay does not read the router's extra columns \
+                 (table.fields.additional.placement, route.by.field of another column); \
+                 replay without them",
+            ));
+        }
         if let Some(to) = to {
             if to.is_empty() {
                 return Err(SettingsError::new("--to is empty; name a topic"));
@@ -608,6 +619,11 @@ impl RunSettings {
         let bound = resend_bound(mode, &relay, shard_config.as_ref(), send_timeout.value);
         let output = SinkSettings::resolve(&args.output, file, &send_timeout, bound)?;
         let creation_times = output.cloudevents.is_some();
+        let extra = output
+            .router
+            .as_ref()
+            .map(|router| router.extra_columns().clone())
+            .unwrap_or_default();
         let delete_on_publish = relay_deletes_on_publish(&args, file);
         Ok(Self {
             database_url,
@@ -619,6 +635,7 @@ impl RunSettings {
                 delete_on_publish,
                 shards: shard_config,
                 creation_times,
+                extra,
             },
             relay,
             metrics_addr: args.metrics_addr.or(file.metrics_addr),
@@ -929,6 +946,13 @@ fn router(args: &SinkArgs, file: &FileConfig) -> Result<Option<Router>, Settings
     }
     let router = Router::from_options(&options)
         .map_err(|error| SettingsError::new(format!("--router: {error}")))?;
+    let sink = sink_kind(args, file);
+    if router.places_partitions() && matches!(sink, SinkKind::RabbitMq | SinkKind::Nats) {
+        return Err(SettingsError::new(format!(
+            "--router: a partition placement names a Kafka partition; the {} sink has none",
+            sink.name()
+        )));
+    }
     if router.routes() && (args.topic_template.is_some() || file.topic_template.is_some()) {
         return Err(SettingsError::new(
             "--topic-template and the router's route.* options both name the topic; use one",

@@ -35,6 +35,12 @@ pub struct Message {
     /// With `--format cloudevents` or `cloudevents-structured`: the
     /// CloudEvents attributes the headers do not carry, and the mode.
     pub cloudevent: Option<Box<CloudEvent>>,
+    /// Headers of the router's additional fields (name, value), after the
+    /// others in every format.
+    pub extra_headers: Vec<(String, String)>,
+    /// The Kafka partition an additional field names, or why its value is
+    /// not one; `None`: by key.
+    pub partition: Option<Result<i32, String>>,
 }
 
 /// A message as a sink writes it under its binding: the headers, the
@@ -57,6 +63,20 @@ impl Message {
     /// under `prefix` (see [`crate::cloudevents`]). Fails for good when a
     /// structured CloudEvent's payload is not JSON.
     pub fn wire(&self, prefix: &str) -> Result<Wire<'_>, String> {
+        let mut wire = self.wire_of_format(prefix)?;
+        for (name, value) in &self.extra_headers {
+            // An additional field named like a header of the format
+            // (`type:header:eventType`) takes its place.
+            let value = Cow::Borrowed(value.as_str());
+            match wire.headers.iter_mut().find(|(header, _)| header == name) {
+                Some(header) => header.1 = value,
+                None => wire.headers.push((Cow::Borrowed(name.as_str()), value)),
+            }
+        }
+        Ok(wire)
+    }
+
+    fn wire_of_format(&self, prefix: &str) -> Result<Wire<'_>, String> {
         let Some(event) = &self.cloudevent else {
             return Ok(Wire {
                 headers: self
@@ -145,9 +165,13 @@ impl TopicTemplate {
             Some(router) if router.routes() => router.topic(record),
             _ => self.topic(&record.aggregate_type),
         };
-        let payload = match &self.router {
-            Some(router) => router.payload(&record.payload),
-            None => record.payload.clone(),
+        let (payload, extra_headers, partition) = match &self.router {
+            Some(router) => (
+                router.value(record),
+                router.headers(record),
+                router.partition(record),
+            ),
+            None => (record.payload.clone(), Vec::new(), None),
         };
         Message {
             topic,
@@ -159,6 +183,8 @@ impl TopicTemplate {
                 .cloudevents
                 .as_ref()
                 .map(|cloudevents| Box::new(cloudevents.event(record))),
+            extra_headers,
+            partition,
         }
     }
 }
@@ -185,6 +211,8 @@ pub(crate) fn test_message(id: &str, key: &str) -> Message {
         ],
         payload: Some(r#"{"order_id":42}"#.into()),
         cloudevent: None,
+        extra_headers: Vec::new(),
+        partition: None,
     }
 }
 
@@ -206,6 +234,7 @@ mod tests {
             attempts: 0,
             age_at_claim: 0.0,
             created_at: None,
+            extra: Vec::new(),
         }
     }
 

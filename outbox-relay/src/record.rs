@@ -36,6 +36,10 @@ pub struct OutboxRecord {
     /// MariaDB/MySQL and SQLite claims, CDC mode and replay always.
     #[sqlx(default)]
     pub created_at: Option<String>,
+    /// The extra columns asked for (see [`crate::source::extra`]), as
+    /// JSON text, `None` for NULL.
+    #[sqlx(skip)]
+    pub extra: Vec<Option<String>>,
 }
 
 /// A pending `Order` row of `aggregate` with an empty payload, after
@@ -55,6 +59,7 @@ pub(crate) fn test_record(id: &str, aggregate: &str, attempts: i32) -> OutboxRec
         attempts,
         age_at_claim: 0.0,
         created_at: None,
+        extra: Vec::new(),
     }
 }
 

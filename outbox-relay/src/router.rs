@@ -5,7 +5,9 @@
 //! table.
 //!
 //! - `route.by.field` (default `aggregatetype`): the column whose value
-//!   routes the row: `aggregatetype`, `aggregateid` or `type`.
+//!   routes the row: `aggregatetype`, `aggregateid`, `type`, or another
+//!   column of the outbox, read as an extra column
+//!   ([`crate::source::extra`]).
 //! - `route.topic.regex` (default `(?<routedByValue>.*)`) and
 //!   `route.topic.replacement` (default `outbox.event.${routedByValue}`):
 //!   when the regex matches the whole routed-by value, the topic is the
@@ -24,25 +26,40 @@
 //!   or, with `false`, a JSON string holding that JSON text (Debezium's
 //!   output for a JSON column without expansion).
 //!
+//! - `table.fields.additional.placement` (`column:placement[:alias]`,
+//!   comma-separated) and `table.fields.additional.error.on.missing`
+//!   (default `true`): columns added to the outbox, as headers, as members
+//!   of an envelope `{"payload": .., "<alias>": ..}`, or as the Kafka
+//!   partition.
+//!
 //! The topic is the Kafka topic and the RabbitMQ routing key; NATS
 //! subjects have their own template (`--nats-subject`). The router's
-//! options about custom column names and additional fields are refused by
-//! name (the relay reads its own table's columns).
+//! options about custom column names are refused by name (the relay reads
+//! its own table's columns).
 
 use std::fmt;
 
 use regex::Regex;
 
 use crate::record::OutboxRecord;
+use crate::source::extra::{self, ExtraColumns, is_column_name};
 
 /// The options the relay takes.
-pub const OPTIONS: [&str; 5] = [
+pub const OPTIONS: [&str; 7] = [
     ROUTE_BY_FIELD,
     ROUTE_TOPIC_REGEX,
     ROUTE_TOPIC_REPLACEMENT,
     ROUTE_TOMBSTONE_ON_EMPTY_PAYLOAD,
     TABLE_EXPAND_JSON_PAYLOAD,
+    TABLE_FIELDS_ADDITIONAL_PLACEMENT,
+    TABLE_FIELDS_ADDITIONAL_ERROR_ON_MISSING,
 ];
+
+/// `table.fields.additional.placement`.
+pub const TABLE_FIELDS_ADDITIONAL_PLACEMENT: &str = "table.fields.additional.placement";
+/// `table.fields.additional.error.on.missing`.
+pub const TABLE_FIELDS_ADDITIONAL_ERROR_ON_MISSING: &str =
+    "table.fields.additional.error.on.missing";
 
 /// `route.by.field`.
 pub const ROUTE_BY_FIELD: &str = "route.by.field";
@@ -61,20 +78,18 @@ pub const DEFAULT_REGEX: &str = "(?<routedByValue>.*)";
 pub const DEFAULT_REPLACEMENT: &str = "outbox.event.${routedByValue}";
 
 /// Debezium router options the relay does not take.
-const NOT_TAKEN: [&str; 9] = [
+const NOT_TAKEN: [&str; 7] = [
     "table.field.event.id",
     "table.field.event.key",
     "table.field.event.payload",
     "table.field.event.timestamp",
-    "table.fields.additional.placement",
-    "table.fields.additional.error.on.missing",
     "route.topic.regex.flags",
     "table.op.invalid.behavior",
     "debezium.op.invalid.behavior",
 ];
 
 /// The column a row is routed by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteBy {
     /// `aggregatetype`, the default.
     AggregateType,
@@ -82,6 +97,8 @@ pub enum RouteBy {
     AggregateId,
     /// `type`, the event type.
     EventType,
+    /// Another column of the outbox table, read as an extra column.
+    Column(String),
 }
 
 impl RouteBy {
@@ -90,28 +107,120 @@ impl RouteBy {
             "aggregatetype" => Ok(Self::AggregateType),
             "aggregateid" => Ok(Self::AggregateId),
             "type" => Ok(Self::EventType),
+            other if is_column_name(other) => Ok(Self::Column(other.to_owned())),
             other => Err(format!(
-                "{ROUTE_BY_FIELD}: the relay routes by aggregatetype, aggregateid or type, \
-                 not {other:?}"
+                "{ROUTE_BY_FIELD}: {other:?} is not a column name (letters, digits and _)"
             )),
         }
     }
 
-    fn value(self, record: &OutboxRecord) -> &str {
+    /// The routed-by value of `record`; a NULL column routes by the empty
+    /// text.
+    fn value<'r>(&self, record: &'r OutboxRecord) -> std::borrow::Cow<'r, str> {
         match self {
-            Self::AggregateType => &record.aggregate_type,
-            Self::AggregateId => &record.aggregate_id,
-            Self::EventType => &record.event_type,
+            Self::AggregateType => (&record.aggregate_type).into(),
+            Self::AggregateId => (&record.aggregate_id).into(),
+            Self::EventType => (&record.event_type).into(),
+            // The route column is the first extra column.
+            Self::Column(_) => record
+                .extra
+                .first()
+                .and_then(|value| json_text(value.as_deref()))
+                .unwrap_or_default(),
         }
     }
 
-    fn column(self) -> &'static str {
+    fn column(&self) -> &str {
         match self {
             Self::AggregateType => "aggregatetype",
             Self::AggregateId => "aggregateid",
             Self::EventType => "type",
+            Self::Column(column) => column,
         }
     }
+}
+
+/// Where an additional field goes (`table.fields.additional.placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// A header named by the alias (else the column).
+    Header,
+    /// A member of the value's envelope, `{"payload": .., "<alias>": ..}`.
+    Envelope,
+    /// The Kafka partition (a number).
+    Partition,
+}
+
+/// One additional field: a column, where it goes, under which name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Additional {
+    /// The column.
+    pub column: String,
+    /// Where its value goes.
+    pub placement: Placement,
+    /// The header or envelope member's name: the alias, else the column.
+    pub name: String,
+    /// Its index in [`OutboxRecord::extra`].
+    pub index: usize,
+}
+
+/// `table.fields.additional.placement`: `column:placement[:alias]`, comma
+/// separated.
+fn parse_placement(value: &str) -> Result<Vec<(String, Placement, Option<String>)>, String> {
+    let mut fields = Vec::new();
+    for item in value
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
+        let parts: Vec<&str> = item.split(':').map(str::trim).collect();
+        let (column, placement, alias) = match parts.as_slice() {
+            [column, placement] => (*column, *placement, None),
+            [column, placement, alias] => (*column, *placement, Some((*alias).to_owned())),
+            _ => {
+                return Err(format!(
+                    "{TABLE_FIELDS_ADDITIONAL_PLACEMENT}: {item:?} is not column:placement[:alias]"
+                ));
+            }
+        };
+        if !is_column_name(column) {
+            return Err(format!(
+                "{TABLE_FIELDS_ADDITIONAL_PLACEMENT}: {column:?} is not a column name \
+                 (letters, digits and _)"
+            ));
+        }
+        let placement = match placement {
+            "header" => Placement::Header,
+            "envelope" => Placement::Envelope,
+            "partition" => Placement::Partition,
+            other => {
+                return Err(format!(
+                    "{TABLE_FIELDS_ADDITIONAL_PLACEMENT}: placement {other:?} of {column:?} is \
+                     not header, envelope or partition"
+                ));
+            }
+        };
+        if alias.as_deref().is_some_and(str::is_empty) {
+            return Err(format!(
+                "{TABLE_FIELDS_ADDITIONAL_PLACEMENT}: the alias of {column:?} is empty"
+            ));
+        }
+        fields.push((column.to_owned(), placement, alias));
+    }
+    Ok(fields)
+}
+
+/// The text of a JSON value read from an extra column: a string's
+/// content, another value's JSON; `None` for NULL.
+pub fn json_text(json: Option<&str>) -> Option<std::borrow::Cow<'_, str>> {
+    let json = json?;
+    if json == "null" {
+        return None;
+    }
+    if json.starts_with('"') {
+        return serde_json::from_str::<String>(json).ok().map(Into::into);
+    }
+    Some(json.into())
 }
 
 /// Where each row goes and whether an empty payload is a tombstone.
@@ -131,6 +240,11 @@ pub struct Router {
     expand_json_payload: bool,
     /// Whether any route.* option differs from its default.
     routes: bool,
+    /// `table.fields.additional.placement`.
+    additional: Vec<Additional>,
+    /// The extra columns the claims read: the route column (if not one of
+    /// the three), then the additional fields' columns.
+    extra: ExtraColumns,
 }
 
 impl Default for Router {
@@ -149,6 +263,8 @@ impl Router {
         let mut replacement_text = DEFAULT_REPLACEMENT.to_owned();
         let mut tombstone_on_empty_payload = false;
         let mut expand_json_payload = true;
+        let mut placements = Vec::new();
+        let mut error_on_missing = true;
         for (name, value) in options {
             match name.as_str() {
                 ROUTE_BY_FIELD => route_by = RouteBy::parse(value)?,
@@ -158,6 +274,10 @@ impl Router {
                     tombstone_on_empty_payload = parse_bool(name, value)?
                 }
                 TABLE_EXPAND_JSON_PAYLOAD => expand_json_payload = parse_bool(name, value)?,
+                TABLE_FIELDS_ADDITIONAL_PLACEMENT => placements = parse_placement(value)?,
+                TABLE_FIELDS_ADDITIONAL_ERROR_ON_MISSING => {
+                    error_on_missing = parse_bool(name, value)?
+                }
                 other => return Err(unknown(other)),
             }
         }
@@ -171,6 +291,7 @@ impl Router {
         let routes = route_by != RouteBy::AggregateType
             || regex_text != DEFAULT_REGEX
             || replacement_text != DEFAULT_REPLACEMENT;
+        let (additional, extra) = extra_columns(&route_by, placements, error_on_missing)?;
         Ok(Self {
             route_by,
             regex_text,
@@ -180,7 +301,86 @@ impl Router {
             tombstone_on_empty_payload,
             expand_json_payload,
             routes,
+            additional,
+            extra,
         })
+    }
+
+    /// The extra columns the claims must read for this router.
+    pub fn extra_columns(&self) -> &ExtraColumns {
+        &self.extra
+    }
+
+    /// Whether an additional field sets the Kafka partition.
+    pub fn places_partitions(&self) -> bool {
+        self.additional
+            .iter()
+            .any(|field| field.placement == Placement::Partition)
+    }
+
+    /// The additional fields of `record` placed in headers, (name, text);
+    /// a NULL value adds no header.
+    pub fn headers(&self, record: &OutboxRecord) -> Vec<(String, String)> {
+        self.placed(Placement::Header)
+            .filter_map(|field| {
+                let value = json_text(record.extra.get(field.index)?.as_deref())?;
+                Some((field.name.clone(), value.into_owned()))
+            })
+            .collect()
+    }
+
+    /// The Kafka partition `record`'s partition field names, if one is
+    /// placed: a number from 0, else an error for the message.
+    pub fn partition(&self, record: &OutboxRecord) -> Option<Result<i32, String>> {
+        let field = self.placed(Placement::Partition).next()?;
+        let value = record
+            .extra
+            .get(field.index)
+            .and_then(|value| value.as_deref());
+        Some(
+            json_text(value)
+                .and_then(|text| text.parse::<i32>().ok())
+                .filter(|partition| *partition >= 0)
+                .ok_or_else(|| {
+                    format!(
+                        "the partition column `{}` holds {}, not a partition number",
+                        field.column,
+                        value.unwrap_or("NULL")
+                    )
+                }),
+        )
+    }
+
+    /// The message value: the payload (see [`Router::payload`]), in an
+    /// envelope `{"payload": .., "<name>": ..}` when fields are placed
+    /// there; a tombstone stays a tombstone.
+    pub fn value(&self, record: &OutboxRecord) -> Option<String> {
+        let payload = self.payload(&record.payload)?;
+        let mut envelope = self.placed(Placement::Envelope).peekable();
+        if envelope.peek().is_none() {
+            return Some(payload);
+        }
+        let mut value = String::from("{\"payload\":");
+        value.push_str(&payload);
+        for field in envelope {
+            let json = record
+                .extra
+                .get(field.index)
+                .and_then(|value| value.as_deref())
+                .unwrap_or("null");
+            value.push(',');
+            value.push_str(&serde_json::Value::String(field.name.clone()).to_string());
+            value.push(':');
+            value.push_str(json);
+        }
+        value.push('}');
+        Some(value)
+    }
+
+    fn placed(&self, placement: Placement) -> impl Iterator<Item = &Additional> {
+        self.additional
+            .iter()
+            .filter(move |field| field.placement == placement)
     }
 
     /// Whether any option changes the topic from the default.
@@ -200,13 +400,13 @@ impl Router {
     /// The topic of a row.
     pub fn topic(&self, record: &OutboxRecord) -> String {
         let value = self.route_by.value(record);
-        match self.regex.captures(value) {
+        match self.regex.captures(&value) {
             Some(captures) => {
                 let mut topic = String::new();
                 captures.expand(&self.replacement, &mut topic);
                 topic
             }
-            None => value.to_owned(),
+            None => value.into_owned(),
         }
     }
 
@@ -240,6 +440,58 @@ impl fmt::Display for Router {
         }
         Ok(())
     }
+}
+
+/// The additional fields with their extra-column indexes, and the extra
+/// columns: the route column first (when it is not one of the three),
+/// then each other column once.
+fn extra_columns(
+    route_by: &RouteBy,
+    placements: Vec<(String, Placement, Option<String>)>,
+    error_on_missing: bool,
+) -> Result<(Vec<Additional>, ExtraColumns), String> {
+    let mut columns: Vec<String> = match route_by {
+        RouteBy::Column(column) => vec![column.clone()],
+        _ => Vec::new(),
+    };
+    let mut additional = Vec::new();
+    for (column, placement, alias) in placements {
+        let index = match columns.iter().position(|known| *known == column) {
+            Some(index) => index,
+            None => {
+                columns.push(column.clone());
+                columns.len() - 1
+            }
+        };
+        if placement == Placement::Partition
+            && additional
+                .iter()
+                .any(|field: &Additional| field.placement == Placement::Partition)
+        {
+            return Err(format!(
+                "{TABLE_FIELDS_ADDITIONAL_PLACEMENT}: one column sets the partition, not two"
+            ));
+        }
+        additional.push(Additional {
+            name: alias.unwrap_or_else(|| column.clone()),
+            column,
+            placement,
+            index,
+        });
+    }
+    if columns.len() > extra::MAX {
+        return Err(format!(
+            "{TABLE_FIELDS_ADDITIONAL_PLACEMENT}: at most {} columns",
+            extra::MAX
+        ));
+    }
+    Ok((
+        additional,
+        ExtraColumns {
+            columns,
+            error_on_missing,
+        },
+    ))
 }
 
 fn parse_bool(name: &str, value: &str) -> Result<bool, String> {
@@ -442,8 +694,8 @@ mod tests {
                 .starts_with("router option \"table.field.event.key\" is not supported")
         );
         assert_eq!(
-            error(&[(ROUTE_BY_FIELD, "tenant")]),
-            "route.by.field: the relay routes by aggregatetype, aggregateid or type, not \"tenant\""
+            error(&[(ROUTE_BY_FIELD, "ten ant")]),
+            "route.by.field: \"ten ant\" is not a column name (letters, digits and _)"
         );
         assert!(
             error(&[(ROUTE_TOPIC_REGEX, "(")]).starts_with("route.topic.regex: not a valid regex")

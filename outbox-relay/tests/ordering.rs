@@ -441,6 +441,8 @@ async fn a_kafka_sink_hands_nothing_over_past_its_send_window() {
             headers: vec![(HEADER_ID, format!("event-{n}"))],
             payload: Some(format!("{{\"n\":{n}}}")),
             cloudevent: None,
+            extra_headers: Vec::new(),
+            partition: None,
         })
         .collect();
     let past = std::time::Instant::now() - Duration::from_millis(1);

@@ -171,8 +171,8 @@ async fn unknown_and_unsupported_router_options_are_refused_in_one_line() {
             "error: --router: router option \"table.field.event.key\" is not supported",
         ),
         (
-            "route.by.field=tenant",
-            "error: --router: route.by.field: the relay routes by aggregatetype, aggregateid or type, not \"tenant\"",
+            "route.by.field=ten-ant",
+            "error: --router: route.by.field: \"ten-ant\" is not a column name (letters, digits and _)",
         ),
         ("route.by.field", "error: --router: "),
     ] {

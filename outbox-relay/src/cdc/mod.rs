@@ -102,6 +102,8 @@ pub struct CdcOptions {
     pub retention: Option<Retention>,
     /// How often the slot gauges are sampled; `None` records none.
     pub metrics_interval: Option<Duration>,
+    /// The extra columns the messages need (see [`crate::source::extra`]).
+    pub extra_columns: Vec<String>,
 }
 
 impl Default for CdcOptions {
@@ -117,6 +119,7 @@ impl Default for CdcOptions {
             shutdown_timeout: Duration::from_secs(30),
             retention: Some(Retention::default()),
             metrics_interval: None,
+            extra_columns: Vec::new(),
         }
     }
 }
@@ -295,7 +298,8 @@ impl CdcRelay {
         slot::check_wal_level(pool).await?;
         slot::ensure_publication(pool, &self.options.publication).await?;
         slot::ensure_slot(pool, &self.options.slot).await?;
-        let outbox = slot::outbox_table(pool).await?;
+        let mut outbox = slot::outbox_table(pool).await?;
+        outbox.extra = self.options.extra_columns.clone();
         let config = slot::replication_config(
             &self.database_url,
             &self.options.slot,

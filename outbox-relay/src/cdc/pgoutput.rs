@@ -28,8 +28,9 @@ pub struct DecodeError(String);
 #[derive(Debug)]
 pub struct Decoder {
     table: OutboxTable,
-    /// The columns of each relation that is the outbox, by oid.
-    outbox: std::collections::HashMap<u32, Vec<String>>,
+    /// The columns of each relation that is the outbox (name and type
+    /// oid), by oid.
+    outbox: std::collections::HashMap<u32, Vec<(String, u32)>>,
 }
 
 /// The outbox table a CDC relay reads: its schema, and its oid when the
@@ -40,6 +41,8 @@ pub struct OutboxTable {
     pub schema: String,
     /// Its `pg_class` oid.
     pub oid: u32,
+    /// The extra columns to read (see [`crate::source::extra`]).
+    pub extra: Vec<String>,
 }
 
 impl Decoder {
@@ -65,8 +68,8 @@ impl Decoder {
                 let mut columns = Vec::with_capacity(usize::from(count));
                 for _ in 0..count {
                     let _flags = reader.u8()?;
-                    columns.push(reader.string()?);
-                    let _type_oid = reader.u32()?;
+                    let name = reader.string()?;
+                    columns.push((name, reader.u32()?));
                     let _type_modifier = reader.u32()?;
                 }
                 if namespace == self.table.schema && name == outbox_contract::table::OUTBOX {
@@ -99,17 +102,38 @@ impl Decoder {
                         columns.len()
                     )));
                 }
-                record(columns, values).map(Some)
+                record(columns, values, &self.table.extra).map(Some)
             }
             _ => Ok(None),
         }
     }
 }
 
-/// The record of an inserted row, from its columns' text values.
-fn record(columns: &[String], values: Vec<Option<String>>) -> Result<OutboxRecord, DecodeError> {
-    let mut row: std::collections::HashMap<&str, Option<String>> =
-        columns.iter().map(String::as_str).zip(values).collect();
+/// The record of an inserted row, from its columns' text values; the
+/// `extra` columns as JSON text, by their types.
+fn record(
+    columns: &[(String, u32)],
+    values: Vec<Option<String>>,
+    extra: &[String],
+) -> Result<OutboxRecord, DecodeError> {
+    let types: std::collections::HashMap<&str, u32> = columns
+        .iter()
+        .map(|(name, oid)| (name.as_str(), *oid))
+        .collect();
+    let extra = extra
+        .iter()
+        .map(|name| {
+            let text = values
+                .get(columns.iter().position(|(column, _)| column == name)?)?
+                .as_deref()?;
+            Some(json_of(text, types[name.as_str()]))
+        })
+        .collect();
+    let mut row: std::collections::HashMap<&str, Option<String>> = columns
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .zip(values)
+        .collect();
     let mut take = |name: &str| row.remove(name).flatten();
     let required = |name: &str, value: Option<String>| {
         value.ok_or_else(|| DecodeError(format!("the outbox row has no `{name}`")))
@@ -137,7 +161,25 @@ fn record(columns: &[String], values: Vec<Option<String>>) -> Result<OutboxRecor
         attempts: 0,
         age_at_claim: 0.0,
         created_at: take(column::CREATED_AT),
+        extra,
     })
+}
+
+/// A column's text value as JSON, as the polling relay reads it
+/// (`to_jsonb`): numbers, booleans and JSON as themselves, anything else
+/// a string.
+fn json_of(text: &str, type_oid: u32) -> String {
+    const BOOL: u32 = 16;
+    const NUMBERS: [u32; 6] = [20, 21, 23, 700, 701, 1700];
+    const JSON: [u32; 2] = [114, 3802];
+    match type_oid {
+        BOOL => (if text == "t" { "true" } else { "false" }).to_owned(),
+        oid if NUMBERS.contains(&oid) && text.parse::<f64>().is_ok_and(f64::is_finite) => {
+            text.to_owned()
+        }
+        oid if JSON.contains(&oid) => text.to_owned(),
+        _ => serde_json::Value::String(text.to_owned()).to_string(),
+    }
 }
 
 /// A cursor over a message's bytes.
@@ -274,6 +316,7 @@ mod tests {
 
     fn table() -> OutboxTable {
         OutboxTable {
+            extra: Vec::new(),
             schema: "public".into(),
             oid: OUTBOX,
         }

@@ -68,7 +68,11 @@ pub async fn outbox_table(pool: &PgPool) -> Result<OutboxTable, CdcError> {
     .await
     .map_err(CdcError::database("cannot find the outbox table"))?;
     let oid = u32::try_from(oid).map_err(|_| CdcError::OidOutOfRange { oid })?;
-    Ok(OutboxTable { schema, oid })
+    Ok(OutboxTable {
+        schema,
+        oid,
+        extra: Vec::new(),
+    })
 }
 
 /// Creates the publication of the outbox table's inserts if it is missing;

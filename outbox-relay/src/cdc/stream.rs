@@ -361,6 +361,7 @@ mod tests {
 
     fn table() -> OutboxTable {
         OutboxTable {
+            extra: Vec::new(),
             schema: "public".into(),
             oid: OUTBOX,
         }
@@ -380,6 +381,7 @@ mod tests {
             attempts: 0,
             age_at_claim: 0.0,
             created_at: None,
+            extra: Vec::new(),
         };
         Committed {
             bytes: records * record.memory_bytes(),

@@ -337,6 +337,10 @@ impl KafkaSink {
         if let Some(value) = &wire.value {
             record = record.payload(value.as_bytes());
         }
+        if let Some(partition) = &message.partition {
+            let partition = partition.as_ref().map_err(SendError::permanent)?;
+            record = record.partition(*partition);
+        }
         loop {
             match producer.send_result(record) {
                 Ok(delivery) => return Ok(delivery),

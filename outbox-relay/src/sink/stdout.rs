@@ -23,6 +23,9 @@ pub struct StdoutSink;
 struct Line<'a> {
     topic: &'a str,
     key: &'a str,
+    /// The partition an additional field names, if one does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partition: Option<i32>,
     headers: Headers<'a>,
     payload: Option<&'a RawValue>,
 }
@@ -61,9 +64,15 @@ pub fn json_line(message: &Message) -> Result<String, SendError> {
         ),
         None => None,
     };
+    let partition = message
+        .partition
+        .clone()
+        .transpose()
+        .map_err(SendError::permanent)?;
     let line = Line {
         topic: &message.topic,
         key: &message.key,
+        partition,
         headers: Headers(&wire.headers),
         payload,
     };
@@ -115,6 +124,8 @@ mod tests {
             headers: vec![("id", "e-1".into()), ("eventType", "OrderPlaced".into())],
             payload: Some(r#"{"order_id": 42}"#.into()),
             cloudevent: None,
+            extra_headers: Vec::new(),
+            partition: None,
         };
         assert_eq!(
             json_line(&message).unwrap(),
@@ -131,6 +142,8 @@ mod tests {
             headers: vec![],
             payload: None,
             cloudevent: None,
+            extra_headers: Vec::new(),
+            partition: None,
         };
         assert!(json_line(&message).unwrap().ends_with(r#""payload":null}"#));
         message.payload = Some("not json".into());

@@ -162,7 +162,7 @@ impl<'a> Place<'a> {
 }
 
 /// Where [`OutboxRecord`]'s fields are in a claim's rows.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct RecordColumns {
     id: Place<'static>,
     aggregate_type: Place<'static>,
@@ -176,6 +176,8 @@ struct RecordColumns {
     attempts: Place<'static>,
     age_at_claim: Place<'static>,
     created_at: Place<'static>,
+    /// `extra_0`, `extra_1`, ... as far as the rows have them.
+    extra: Vec<Place<'static>>,
 }
 
 impl RecordColumns {
@@ -194,6 +196,11 @@ impl RecordColumns {
             attempts: place(column::ATTEMPTS),
             age_at_claim: place("age_at_claim"),
             created_at: place(column::CREATED_AT),
+            extra: super::extra::NAMES
+                .iter()
+                .map(|name| place(name))
+                .take_while(|place| place.index.is_some())
+                .collect(),
         }
     }
 }
@@ -230,6 +237,11 @@ where
             Some(_) => optional(row, columns.created_at).ok().flatten(),
             None => None,
         },
+        extra: columns
+            .extra
+            .iter()
+            .map(|place| optional::<R, String>(row, *place))
+            .collect::<Result<_, _>>()?,
     })
 }
 

@@ -18,6 +18,7 @@
 mod dead_letters;
 mod decode;
 pub mod dialect;
+pub mod extra;
 mod fencing;
 pub mod mysql;
 pub mod postgres;
@@ -60,6 +61,8 @@ pub struct SourceOptions {
     /// carries it as the event's `time`). MariaDB/MySQL and SQLite always
     /// read it; PostgreSQL reads it on a partitioned outbox anyway.
     pub creation_times: bool,
+    /// Columns read beyond the outbox's own (see [`extra`]).
+    pub extra: extra::ExtraColumns,
 }
 
 /// A source of pending outbox rows.

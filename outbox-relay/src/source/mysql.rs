@@ -24,6 +24,7 @@ use sqlx::{AssertSqlSafe, FromRow, MySql};
 use super::dead_letters::park;
 use super::decode;
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect, ShardStatements};
+use super::extra::{self, ExtraSelect};
 use super::runs::{Head, exclusion, in_claim_order, read_heads, read_runs};
 use super::shards::{ShardConfig, ShardStore, Taken, tables};
 use super::{IdLists, RunRow, SourceError, SourceOptions, SqlSource, Typed, question_marks};
@@ -49,6 +50,8 @@ pub type MySqlSource = SqlSource<MySqlDialect>;
 /// set up.
 pub struct MySqlDialect {
     session: SessionSetup,
+    /// The extra columns' select items.
+    extra: ExtraSelect,
 }
 
 #[async_trait]
@@ -82,7 +85,8 @@ impl Dialect for MySqlDialect {
             })
             .connect(&driver_url)
             .await?;
-        Ok((pool, Self { session }))
+        let extra = extra::select(&pool, &options.extra, &extra::MYSQL).await?;
+        Ok((pool, Self { session, extra }))
     }
 
     async fn shard_store(
@@ -100,7 +104,7 @@ impl Dialect for MySqlDialect {
     /// without, rows another claim holds are skipped (`SKIP LOCKED`) and a
     /// run that loses a row that way is cut there by `in_claim_order`.
     async fn claim(
-        _source: &MySqlSource,
+        source: &MySqlSource,
         conn: &mut MySqlConnection,
         request: &ClaimRequest<'_>,
     ) -> Result<ClaimedRows, SourceError> {
@@ -115,7 +119,10 @@ impl Dialect for MySqlDialect {
                 ""
             }
         };
-        Ok(claim_runs(conn, &filter, request, lock).await?.into())
+        let extra = &source.dialect().extra.items;
+        Ok(claim_runs(conn, &filter, request, lock, extra)
+            .await?
+            .into())
     }
 
     const NOW: &'static str = "UTC_TIMESTAMP(6)";
@@ -165,6 +172,7 @@ async fn claim_runs(
     filter: &str,
     request: &ClaimRequest<'_>,
     lock: &str,
+    extra: &str,
 ) -> Result<Vec<OutboxRecord>, SourceError> {
     let heads = read_heads::<MySql>(
         conn,
@@ -191,7 +199,7 @@ async fn claim_runs(
     }
 
     let lock_sql = format!(
-        "SELECT {COLUMNS} FROM outbox WHERE id IN ({}) AND {PENDING} FOR UPDATE{lock}",
+        "SELECT {COLUMNS}{extra} FROM outbox WHERE id IN ({}) AND {PENDING} FOR UPDATE{lock}",
         question_marks(positions.len())
     );
     let mut query = sqlx::query(AssertSqlSafe(lock_sql));

@@ -467,6 +467,7 @@ mod tests {
                 attempts: 0,
                 age_at_claim: 0.0,
                 created_at: None,
+                extra: Vec::new(),
             },
             run_position,
         }

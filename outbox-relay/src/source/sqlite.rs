@@ -21,6 +21,7 @@ use sqlx::{Connection, Row, Sqlite};
 use super::dead_letters::park;
 use super::decode::{self, Undecodable};
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect};
+use super::extra;
 use super::runs::{exclusion, in_claim_order, read_heads, read_runs};
 use super::{DeadLetter, IdLists, SourceError, SourceOptions, SqlSource, StatusRows, TypeBacklog};
 use crate::database::DatabaseUrl;
@@ -36,8 +37,11 @@ const CHUNK: usize = 500;
 /// Pending rows of an SQLite database file.
 pub type SqliteSource = SqlSource<SqliteDialect>;
 
-/// SQLite's part of a [`SqliteSource`]: nothing beyond its statements.
-pub struct SqliteDialect;
+/// SQLite's part of a [`SqliteSource`]: the columns its claims read.
+pub struct SqliteDialect {
+    /// The columns a claim reads, the extra ones included.
+    columns: String,
+}
 
 #[async_trait]
 impl Dialect for SqliteDialect {
@@ -49,7 +53,7 @@ impl Dialect for SqliteDialect {
     /// Opens the database file; it must exist (`?mode=rwc` creates it).
     async fn connect(
         url: &DatabaseUrl,
-        _options: &SourceOptions,
+        options: &SourceOptions,
     ) -> Result<(SqlitePool, Self), sqlx::Error> {
         let connect_options =
             SqliteConnectOptions::from_str(url.as_str())?.busy_timeout(Duration::from_secs(10));
@@ -57,13 +61,15 @@ impl Dialect for SqliteDialect {
             .max_connections(2)
             .connect_with(connect_options)
             .await?;
-        Ok((pool, Self))
+        let extra = extra::select(&pool, &options.extra, &extra::SQLITE).await?;
+        let columns = format!("{COLUMNS}{}", extra.items);
+        Ok((pool, Self { columns }))
     }
 
     const HOLDS_CLAIMS: bool = false;
 
     async fn claim(
-        _source: &SqliteSource,
+        source: &SqliteSource,
         conn: &mut SqliteConnection,
         request: &ClaimRequest<'_>,
     ) -> Result<ClaimedRows, SourceError> {
@@ -78,7 +84,7 @@ impl Dialect for SqliteDialect {
             let records = if heads.is_empty() {
                 Vec::new()
             } else {
-                let rows = read_runs::<Sqlite>(conn, COLUMNS, &heads).await?;
+                let rows = read_runs::<Sqlite>(conn, &source.dialect().columns, &heads).await?;
                 let runs = decode::runs(&rows)?;
                 dead_lettered += dead_letter(conn, &runs.undecodable, false).await?;
                 // A dead letter leaves a hole in its aggregate's run: the

@@ -966,6 +966,7 @@ async fn run(
                 delete_on_publish: false,
                 shards: None,
                 creation_times: false,
+                extra: Default::default(),
             },
         )
         .await?,

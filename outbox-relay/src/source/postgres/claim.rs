@@ -15,6 +15,7 @@ use super::super::runs::{self, Lookup, Settled};
 use super::super::shards::ShardConfig;
 use super::PgDialect;
 use crate::record::OutboxRecord;
+use crate::source::extra::ExtraSelect;
 
 /// Sets the claim's transaction-local timeouts. Rows another claim holds
 /// are waited for, never skipped, for at most a few seconds: one instance
@@ -73,7 +74,7 @@ pub(super) async fn claim(
     conn: &mut PgConnection,
     request: &ClaimRequest<'_>,
     settled: &Settled,
-    partitioned: bool,
+    read_: &Read,
 ) -> Result<ClaimedRows, SourceError> {
     let excluded = || request.excluded.iter().chain(&request.in_flight.held);
     let types: Vec<&str> = excluded().map(|key| key.aggregate_type.as_str()).collect();
@@ -81,7 +82,7 @@ pub(super) async fn claim(
     let in_flight = request.in_flight;
     let head = match &request.shards {
         None => {
-            sqlx::query(AssertSqlSafe(head_sql("", partitioned)))
+            sqlx::query(AssertSqlSafe(head_sql("", read_)))
                 .bind(request.limit as i64)
                 .bind(&types)
                 .bind(&ids)
@@ -91,7 +92,7 @@ pub(super) async fn claim(
         }
         Some(shards) => {
             let shard_filter = format!(" AND {SHARD_OF_ROW} = ANY($6::bigint[])");
-            let sql = head_sql(&shard_filter, partitioned);
+            let sql = head_sql(&shard_filter, read_);
             sqlx::query(AssertSqlSafe(sql))
                 .bind(request.limit as i64)
                 .bind(&types)
@@ -113,7 +114,7 @@ pub(super) async fn claim(
     if !plan.lookups.is_empty() {
         let taken: HashSet<i64> = plan.rows.iter().copied().collect();
         records.retain(|record| taken.contains(&record.seq));
-        let looked_up = look_up(conn, &plan.lookups, partitioned).await?;
+        let looked_up = look_up(conn, &plan.lookups, read_).await?;
         records.extend(read(conn, &looked_up).await?);
         held = plan
             .lookups
@@ -141,15 +142,27 @@ const CLAIMED_COLUMNS: &str = "id, aggregatetype, aggregateid, type, \
      CASE WHEN isfinite(created_at) \
        THEN EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 ELSE 0 END AS age_at_claim";
 
-/// A claimed row's creation time as PostgreSQL writes it: read on a
-/// partitioned outbox, whose marks find each row's partition by it, and
-/// for CloudEvents' `time`; NULL otherwise, since a plain outbox's marks go
-/// by id alone (see [`OutboxRecord::created_at`]).
-fn created_at(read: bool) -> &'static str {
-    if read {
-        "created_at::text AS created_at"
-    } else {
-        "NULL::text AS created_at"
+/// What a claim reads beyond the fixed columns.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Read {
+    /// Each row's creation time as PostgreSQL writes it: read on a
+    /// partitioned outbox, whose marks find each row's partition by it,
+    /// and for CloudEvents' `time`; NULL otherwise, since a plain outbox's
+    /// marks go by id alone (see [`OutboxRecord::created_at`]).
+    pub created_at: bool,
+    /// The extra columns (see [`crate::source::extra`]).
+    pub extra: ExtraSelect,
+}
+
+impl Read {
+    /// The select items after [`CLAIMED_COLUMNS`].
+    fn items(&self) -> String {
+        let created_at = if self.created_at {
+            "created_at::text AS created_at"
+        } else {
+            "NULL::text AS created_at"
+        };
+        format!("{created_at}{}", self.extra.items)
     }
 }
 
@@ -158,13 +171,14 @@ fn pending(table: &str) -> String {
     format!("{table}.published_at IS NULL AND {table}.dead_lettered_at IS NULL")
 }
 
-/// Claimed rows (`claimed`, selecting [`CLAIMED_COLUMNS`]) as read, the id
-/// as text.
-fn as_read(claimed: &str) -> String {
+/// Claimed rows (`claimed`, selecting [`CLAIMED_COLUMNS`] and `read`'s
+/// items) as read, the id as text.
+fn as_read(claimed: &str, read_: &Read) -> String {
     format!(
         "SELECT id::text AS id, aggregatetype, aggregateid, type, payload, event_version, \
-           aggregate_seq, traceparent, seq, attempts, age_at_claim, created_at \
-         FROM ({claimed}) AS claimed"
+           aggregate_seq, traceparent, seq, attempts, age_at_claim, created_at{} \
+         FROM ({claimed}) AS claimed",
+        read_.extra.names
     )
 }
 
@@ -181,16 +195,19 @@ fn as_read(claimed: &str) -> String {
 /// longer pending once it has them (published or parked by a previous
 /// owner of its shard, or re-driven) is passed over for the next, so no
 /// earlier pending row can be left behind a later one.
-fn head_sql(filter: &str, partitioned: bool) -> String {
-    as_read(&format!(
-        "SELECT {CLAIMED_COLUMNS}, {created_at} FROM outbox WHERE {pending} \
+fn head_sql(filter: &str, read_: &Read) -> String {
+    as_read(
+        &format!(
+            "SELECT {CLAIMED_COLUMNS}, {items} FROM outbox WHERE {pending} \
          AND (aggregatetype, aggregateid) NOT IN \
            (SELECT t, i FROM unnest($2::text[], $3::text[]) AS excluded(t, i)){filter} \
          AND seq NOT IN (SELECT unnest($4::bigint[])) \
          ORDER BY seq LIMIT $1 FOR UPDATE",
-        pending = pending("outbox"),
-        created_at = created_at(partitioned),
-    ))
+            pending = pending("outbox"),
+            items = read_.items(),
+        ),
+        read_,
+    )
 }
 
 /// Locks and reads, for each aggregate `$1`/`$2`, its `$3` earliest pending
@@ -200,21 +217,24 @@ fn head_sql(filter: &str, partitioned: bool) -> String {
 /// below the lock, so rows in flight are never waited for). A row another
 /// transaction changed meanwhile is read again once locked: one no longer
 /// pending is passed over and the aggregate's next row taken.
-fn lookup_sql(partitioned: bool) -> String {
-    as_read(&format!(
-        "SELECT run.* FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) \
+fn lookup_sql(read_: &Read) -> String {
+    as_read(
+        &format!(
+            "SELECT run.* FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) \
            AS lookup(aggregatetype, aggregateid, n, after_aggregate_seq, after_seq) \
          CROSS JOIN LATERAL (\
-           SELECT {CLAIMED_COLUMNS}, {created_at} FROM outbox AS later \
+           SELECT {CLAIMED_COLUMNS}, {items} FROM outbox AS later \
            WHERE later.aggregatetype = lookup.aggregatetype \
            AND later.aggregateid = lookup.aggregateid AND {pending} \
            AND (COALESCE(later.aggregate_seq, 0), later.seq) \
              > (lookup.after_aggregate_seq, lookup.after_seq) \
            ORDER BY later.aggregate_seq NULLS FIRST, later.seq \
            LIMIT lookup.n FOR UPDATE) AS run",
-        pending = pending("later"),
-        created_at = created_at(partitioned),
-    ))
+            pending = pending("later"),
+            items = read_.items(),
+        ),
+        read_,
+    )
 }
 
 /// The shard of a row: a stable hash of its aggregate.
@@ -225,7 +245,7 @@ const SHARD_OF_ROW: &str =
 async fn look_up(
     conn: &mut PgConnection,
     lookups: &[Lookup],
-    partitioned: bool,
+    read_: &Read,
 ) -> Result<Vec<PgRow>, SourceError> {
     // Without statistics (a table never analyzed) both pending indexes
     // look nearly empty, and the planner may scan every pending row by
@@ -236,7 +256,7 @@ async fn look_up(
     )
     .fetch_one(&mut *conn)
     .await?;
-    let rows = sqlx::query(AssertSqlSafe(lookup_sql(partitioned)))
+    let rows = sqlx::query(AssertSqlSafe(lookup_sql(read_)))
         .bind(
             lookups
                 .iter()
@@ -268,13 +288,18 @@ async fn look_up(
 
 #[cfg(test)]
 mod tests {
-    use super::{head_sql, lookup_sql};
+    use super::{Read, head_sql, lookup_sql};
 
     #[test]
     fn claims_lock_rows_as_they_are_read_never_skipping_any() {
-        let head = head_sql(" AND shard_filter", false);
-        let lookups = lookup_sql(false);
-        for sql in [&head, &lookups, &head_sql("", true), &lookup_sql(true)] {
+        let plain = Read::default();
+        let timed = Read {
+            created_at: true,
+            ..Read::default()
+        };
+        let head = head_sql(" AND shard_filter", &plain);
+        let lookups = lookup_sql(&plain);
+        for sql in [&head, &lookups, &head_sql("", &timed), &lookup_sql(&timed)] {
             assert!(!sql.contains("SKIP LOCKED"), "{sql}");
         }
         // The oldest rows are locked by the scan of the pending index that

@@ -55,9 +55,10 @@ pub struct PgDialect {
     /// claims read each row's creation time and marks find the row's
     /// partition by it.
     partitioned: bool,
-    /// Claims read each row's creation time: on a partitioned outbox, or
-    /// when asked ([`SourceOptions::creation_times`]).
-    creation_times: bool,
+    /// What claims read beyond the fixed columns: each row's creation time
+    /// (on a partitioned outbox, or when asked, see
+    /// [`SourceOptions::creation_times`]) and the extra columns.
+    read: claim::Read,
 }
 
 impl PostgresSource {
@@ -126,11 +127,17 @@ impl Dialect for PgDialect {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(connect_options)
             .await?;
+        let extra =
+            crate::source::extra::select(&pool, &options.extra, &crate::source::extra::POSTGRES)
+                .await?;
         let dialect = Self {
             listener: Mutex::new(None),
             settled: Arc::default(),
             partitioned,
-            creation_times: partitioned || options.creation_times,
+            read: claim::Read {
+                created_at: partitioned || options.creation_times,
+                extra,
+            },
         };
         Ok((pool, dialect))
     }
@@ -163,7 +170,7 @@ impl Dialect for PgDialect {
         request: &ClaimRequest<'_>,
     ) -> Result<ClaimedRows, SourceError> {
         let dialect = source.dialect();
-        let claimed = claim::claim(conn, request, &dialect.settled, dialect.creation_times).await?;
+        let claimed = claim::claim(conn, request, &dialect.settled, &dialect.read).await?;
         if !claimed.records.is_empty() {
             source.dialect().stop_watching().await;
         }
