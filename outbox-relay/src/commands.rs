@@ -586,7 +586,7 @@ const REPLAYS_SHOWN: i64 = 5;
 
 /// The latest replays' audit records; none before the replay tables exist.
 async fn recent_replays(url: &str) -> Result<Vec<crate::replay::ReplayRecord>, CommandError> {
-    let store = crate::replay::store::connect(url).await?;
+    let store = crate::replay::store::connect(url, &Default::default()).await?;
     let replays = store.recent(REPLAYS_SHOWN).await;
     store.close().await;
     Ok(replays.map_err(crate::replay::ReplayError::query("reading the replays"))?)

@@ -523,17 +523,6 @@ impl ReplaySettings {
         file: &FileConfig,
     ) -> Result<Self, SettingsError> {
         let mut output = SinkSettings::for_replay(&args.output, file)?;
-        if output
-            .router
-            .as_ref()
-            .is_some_and(|router| !router.extra_columns().columns.is_empty())
-        {
-            return Err(SettingsError::new(
-                "replay does not read the router's extra columns \
-                 (table.fields.additional.placement, route.by.field of another column); \
-                 replay without them",
-            ));
-        }
         if let Some(to) = to {
             if to.is_empty() {
                 return Err(SettingsError::new("--to is empty; name a topic"));

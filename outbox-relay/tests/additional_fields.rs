@@ -30,10 +30,15 @@ struct Row {
 }
 
 /// Adds `tenant` (text) and `part` (integer) to the outbox and inserts
-/// rows of aggregates `o-1`/`o-2` for tenants `acme` and `globex`, one
-/// with no tenant.
+/// [`insert_rows`].
 async fn write(t: &TestDb) -> Vec<Row> {
     add_columns(t).await;
+    insert_rows(t).await
+}
+
+/// Inserts rows of aggregates `o-1`/`o-2` for tenants `acme` and
+/// `globex` and one of `o-3` with no tenant, by plain SQL.
+async fn insert_rows(t: &TestDb) -> Vec<Row> {
     let plan = [
         ("o-1", Some("acme"), 2),
         ("o-2", Some("globex"), 1),
@@ -148,12 +153,17 @@ async fn create_topics(prefix: &str) -> String {
 }
 
 fn consume_all(brokers: &str, prefix: &str) -> Vec<Consumed> {
+    consume_times(brokers, prefix, 1)
+}
+
+/// Reads each tenant's topic until `times` copies of its events arrived.
+fn consume_times(brokers: &str, prefix: &str, times: usize) -> Vec<Consumed> {
     let mut received = Vec::new();
     for (tenant, count) in [("acme", 3), ("globex", 2), ("", 1)] {
         received.extend(kafka::consume(
             brokers,
             &format!("{prefix}.{tenant}"),
-            count,
+            count * times,
             Duration::from_secs(30),
             Duration::from_millis(500),
         ));
@@ -175,6 +185,21 @@ async fn polled(backend: Backend) {
     assert_eq!(code, 0, "relay failed:\n{stderr}");
     check(&consume_all(&brokers, &prefix), &rows, &prefix);
     assert_eq!(t.pending().await, 0);
+
+    // A replay with the same router reads the added columns too: its
+    // copies go where the originals went, with the same headers and value.
+    let mut args: Vec<String> = ["replay", "--yes", "--sink", "kafka", "--brokers", &brokers]
+        .map(str::to_owned)
+        .to_vec();
+    args.extend(options(&prefix));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, stderr) = run_to_end(relay(), &args, &[("DATABASE_URL", &t.url)]);
+    assert_eq!(code, 0, "replay failed:\n{stderr}");
+    let (copies, originals): (Vec<Consumed>, Vec<Consumed>) = consume_times(&brokers, &prefix, 2)
+        .into_iter()
+        .partition(|message| message.header("replayId").is_some());
+    check(&originals, &rows, &prefix);
+    check(&copies, &rows, &prefix);
     t.drop().await;
 }
 
@@ -201,88 +226,59 @@ async fn cdc_additional_fields_go_where_the_placement_says() {
     let prefix = kafka::topic_prefix("additional-cdc");
     let brokers = create_topics(&prefix).await;
     add_columns(&t).await;
-    let slot = format!("s_{}", uuid::Uuid::now_v7().simple());
-    let mut args: Vec<String> = [
-        "run",
-        "--mode",
-        "cdc",
-        "--slot",
-        &slot,
-        "--publication",
-        &slot,
-        "--sink",
-        "kafka",
-        "--brokers",
-        &brokers,
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let mut args: Vec<String> = ["--sink", "kafka", "--brokers", &brokers]
+        .map(str::to_owned)
+        .to_vec();
     args.extend(options(&prefix));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut relay = outbox_tests::process::RelayProcess::spawn(
-        relay(),
-        &args,
-        &[("DATABASE_URL", t.url.as_str())],
-    );
-    // The slot exists once the relay reads; rows written after it arrive.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while t
-        .count(&format!(
-            "pg_replication_slots WHERE slot_name = '{slot}' AND active"
-        ))
-        .await
-        == 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}",
-            relay.stderr().join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // The ALTER above was before the slot: write the rows now, without
-    // altering again.
-    let rows = {
-        let mut rows = Vec::new();
-        for (amount, (aggregate_id, tenant, part)) in [
-            ("o-1", Some("acme"), 2),
-            ("o-2", Some("globex"), 1),
-            ("o-1", Some("acme"), 2),
-            ("o-2", Some("globex"), 1),
-            ("o-1", Some("acme"), 2),
-            ("o-3", None, 0),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let id = uuid::Uuid::now_v7().to_string();
-            let tenant_sql = tenant.map_or("NULL".to_owned(), |tenant| format!("'{tenant}'"));
-            t.db.execute_unprepared(&format!(
-                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tenant, part) \
-                 VALUES ('{id}', 'Order', '{aggregate_id}', 'OrderPlaced', \
-                 '{{\"amount\": {amount}}}', {tenant_sql}, {part})"
-            ))
-            .await
-            .unwrap();
-            rows.push(Row {
-                id,
-                aggregate_id,
-                tenant,
-                part,
-                amount: amount as i64,
-            });
-        }
-        rows
-    };
+    let (mut relay, slot) = t.start_cdc_relay(relay(), &args).await;
+    let rows = insert_rows(&t).await;
     let received = consume_all(&brokers, &prefix);
     relay.terminate();
     check(&received, &rows, &prefix);
-    t.db.execute_unprepared(&format!(
-        "SELECT pg_drop_replication_slot('{slot}') FROM pg_replication_slots \
-         WHERE slot_name = '{slot}' AND NOT active"
-    ))
-    .await
-    .ok();
+    t.drop_slot(&slot).await;
+    t.drop().await;
+}
+
+/// On NATS JetStream (and RabbitMQ alike) the header and envelope
+/// placements apply as on Kafka; routing names the subject's template
+/// there, so only placements are given.
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_messages_carry_the_additional_fields() {
+    use outbox_tests::nats::{Scope, Witness, nats_url};
+    let witness = Witness::connect().await;
+    let scope = Scope::new("additional");
+    let t = TestDb::new(Backend::Postgres).await;
+    let rows = write(&t).await;
+    let mut args = scope.relay_args(&nats_url());
+    args.extend(
+        [
+            "--drain",
+            "--router",
+            "table.fields.additional.placement=tenant:header:tenantId,part:envelope:partNo",
+        ]
+        .map(str::to_owned),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, stderr) = run_to_end(relay(), &args, &[("DATABASE_URL", &t.url)]);
+    assert_eq!(code, 0, "relay failed:\n{stderr}");
+    let stored = witness
+        .read(&scope.stream, 6, Duration::from_secs(30))
+        .await;
+    assert_eq!(stored.len(), rows.len());
+    for row in &rows {
+        let message = stored
+            .iter()
+            .find(|message| message.header("id") == Some(row.id.as_str()))
+            .unwrap_or_else(|| panic!("event {} not stored", row.id));
+        assert_eq!(message.header("tenantId"), row.tenant);
+        let value: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
+        assert_eq!(
+            value,
+            json!({ "payload": { "amount": row.amount }, "partNo": row.part })
+        );
+    }
+    witness.delete_stream(&scope.stream).await;
     t.drop().await;
 }
 

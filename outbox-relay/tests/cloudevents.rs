@@ -232,9 +232,18 @@ async fn binary_on_kafka(backend: Backend) {
     let written = write(&t).await;
     let prefix = kafka::topic_prefix("ce-binary");
     let received = drain_to_kafka(&t, &prefix, "cloudevents");
+    check_binary_on_kafka(&received, &written, &prefix);
+    assert_eq!(t.pending().await, 0);
+    t.drop().await;
+}
+
+/// Checks binary CloudEvents read from Kafka topics `<prefix>.<type>`:
+/// topic, key, headers and value of each against its row, what
+/// `outbox-core` reads, and per-aggregate order.
+fn check_binary_on_kafka(received: &[Consumed], written: &Written, prefix: &str) {
     let mut arrivals = Vec::new();
-    for message in &received {
-        let id = check_binary(&message.headers, "ce_", Some("content-type"), &written);
+    for message in received {
+        let id = check_binary(&message.headers, "ce_", Some("content-type"), written);
         let row = written.row(&id);
         assert_eq!(message.topic, format!("{prefix}.{}", row.aggregate_type));
         assert_eq!(message.key.as_deref(), Some(row.aggregate_id.as_str()));
@@ -243,12 +252,10 @@ async fn binary_on_kafka(backend: Backend) {
             .as_deref()
             .map(|bytes| serde_json::from_slice(bytes).unwrap());
         assert_eq!(value, row.payload, "value of event {id}");
-        check_consumed(&incoming(message), &written);
+        check_consumed(&incoming(message), written);
         arrivals.push((message.key.clone().unwrap(), row.aggregate_seq, id));
     }
-    check_order(&arrivals, &written);
-    assert_eq!(t.pending().await, 0);
-    t.drop().await;
+    check_order(&arrivals, written);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -259,6 +266,44 @@ async fn postgres_rows_reach_kafka_as_binary_cloudevents() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sqlite_rows_reach_kafka_as_binary_cloudevents() {
     binary_on_kafka(Backend::Sqlite).await;
+}
+
+/// CDC mode: the rows read from the write-ahead log become the same binary
+/// CloudEvents, `time` from the logged `created_at`.
+#[tokio::test(flavor = "multi_thread")]
+async fn cdc_rows_reach_kafka_as_binary_cloudevents() {
+    let t = TestDb::new(Backend::Postgres).await;
+    let prefix = kafka::topic_prefix("ce-cdc");
+    let brokers = kafka::brokers();
+    let template = format!("{prefix}.{{aggregatetype}}");
+    let args = [
+        "--sink",
+        "kafka",
+        "--brokers",
+        &brokers,
+        "--topic-template",
+        &template,
+        "--format",
+        "cloudevents",
+        "--ce-source",
+        "/shop/{aggregatetype}",
+    ];
+    let (mut relay, slot) = t.start_cdc_relay(relay(), &args).await;
+    let written = write(&t).await;
+    let mut received = Vec::new();
+    for (aggregate_type, count) in [("Invoice", 6), ("Customer", 2)] {
+        received.extend(kafka::consume(
+            &brokers,
+            &format!("{prefix}.{aggregate_type}"),
+            count,
+            Duration::from_secs(30),
+            Duration::from_millis(500),
+        ));
+    }
+    relay.terminate();
+    check_binary_on_kafka(&received, &written, &prefix);
+    t.drop_slot(&slot).await;
+    t.drop().await;
 }
 
 /// Structured mode on Kafka: the envelope as the value with the payload

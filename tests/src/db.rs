@@ -279,6 +279,52 @@ impl TestDb {
             .collect()
     }
 
+    /// Starts `outbox-relay run --mode cdc` (the binary at `relay`) with
+    /// a slot and publication of its own and `args` after them, and waits
+    /// until it reads the slot: rows committed from then on reach it.
+    /// Returns the process and the slot's name.
+    pub async fn start_cdc_relay(
+        &self,
+        relay: &std::path::Path,
+        args: &[&str],
+    ) -> (crate::process::RelayProcess, String) {
+        let slot = format!("s_{}", uuid::Uuid::now_v7().simple());
+        let mut all = vec![
+            "run",
+            "--mode",
+            "cdc",
+            "--slot",
+            &slot,
+            "--publication",
+            &slot,
+        ];
+        all.extend_from_slice(args);
+        let process =
+            crate::process::RelayProcess::spawn(relay, &all, &[("DATABASE_URL", &self.url)]);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let active = format!("pg_replication_slots WHERE slot_name = '{slot}' AND active");
+        while self.count(&active).await == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the CDC relay did not start reading:\n{}",
+                process.stderr().join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (process, slot)
+    }
+
+    /// Drops replication slot `slot` once no relay reads it.
+    pub async fn drop_slot(&self, slot: &str) {
+        self.db
+            .execute_unprepared(&format!(
+                "SELECT pg_drop_replication_slot('{slot}') FROM pg_replication_slots \
+                 WHERE slot_name = '{slot}' AND NOT active"
+            ))
+            .await
+            .expect("drop the slot");
+    }
+
     /// Drops the database. Call at the end of a test; a failed test leaves
     /// its database behind for inspection (names start with `outbox_t_`).
     pub async fn drop(self) {

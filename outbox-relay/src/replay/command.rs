@@ -13,7 +13,13 @@ use crate::shutdown::Shutdown;
 
 /// Runs `outbox-relay replay` on the database of `url`.
 pub async fn execute(url: &str, args: &ReplayArgs, file: &FileConfig) -> Result<(), CommandError> {
-    let store = store::connect(url).await?;
+    // The columns the router reads besides the outbox's own are read with
+    // each planned event (with or without `--to`).
+    let extra = crate::config::SinkSettings::for_replay(&args.output, file)?
+        .router
+        .map(|router| router.extra_columns().clone())
+        .unwrap_or_default();
+    let store = store::connect(url, &extra).await?;
     let done = execute_with(store.as_ref(), url, args, file).await;
     store.close().await;
     done

@@ -10,6 +10,7 @@ use super::{Selection, State, Summary};
 use crate::database::{Backend, DatabaseUrl};
 use crate::record::OutboxRecord;
 use crate::source::dialect::{Placeholders, RowsAffected};
+use crate::source::extra::{self, ExtraColumns, ExtraSelect};
 use crate::source::{self, SourceError, SourceOptions};
 
 /// A replay as its audit record holds it.
@@ -109,19 +110,25 @@ pub struct NewReplay {
 }
 
 /// Connects to the database of `url`, its outbox table checked.
-pub async fn connect(url: &str) -> Result<Box<dyn Store>, SourceError> {
+pub async fn connect(url: &str, extra: &ExtraColumns) -> Result<Box<dyn Store>, SourceError> {
     Ok(match DatabaseUrl::parse(url)?.backend() {
         Backend::Postgres => {
             let source = source::connect_postgres(url, SourceOptions::default()).await?;
-            Box::new(SqlStore::new(source.pool().clone(), &POSTGRES))
+            let pool = source.pool().clone();
+            let extra = extra::select_of(&pool, extra, &extra::POSTGRES, "o").await?;
+            Box::new(SqlStore::new(pool, &POSTGRES, extra))
         }
         Backend::MySql => {
             let source = source::connect_mysql(url, SourceOptions::default()).await?;
-            Box::new(SqlStore::new(source.pool().clone(), &MYSQL))
+            let pool = source.pool().clone();
+            let extra = extra::select_of(&pool, extra, &extra::MYSQL, "o").await?;
+            Box::new(SqlStore::new(pool, &MYSQL, extra))
         }
         Backend::Sqlite => {
             let source = source::sqlite::SqliteSource::open(url, SourceOptions::default()).await?;
-            Box::new(SqlStore::new(source.pool().clone(), &SQLITE))
+            let pool = source.pool().clone();
+            let extra = extra::select_of(&pool, extra, &extra::SQLITE, "o").await?;
+            Box::new(SqlStore::new(pool, &SQLITE, extra))
         }
     })
 }
@@ -255,11 +262,13 @@ impl Words {
 pub struct SqlStore<DB: Database> {
     pool: Pool<DB>,
     words: &'static Words,
+    /// The router's extra columns, read with each planned event.
+    extra: ExtraSelect,
 }
 
 impl<DB: Database> SqlStore<DB> {
-    fn new(pool: Pool<DB>, words: &'static Words) -> Self {
-        Self { pool, words }
+    fn new(pool: Pool<DB>, words: &'static Words, extra: ExtraSelect) -> Self {
+        Self { pool, words, extra }
     }
 }
 
@@ -403,11 +412,12 @@ where
     async fn chunk(&self, id: &str, after: i64, upto: i64) -> Result<Chunk, SourceError> {
         let words = self.words;
         let sql = format!(
-            "SELECT {} FROM outbox_replay_row r \
+            "SELECT {}{} FROM outbox_replay_row r \
              JOIN outbox o ON o.id = r.id AND o.created_at = r.created_at \
              WHERE r.replay_id = {} AND r.ordinal > {} AND r.ordinal <= {} \
              ORDER BY r.ordinal",
             words.record_columns,
+            self.extra.items,
             words.nth(1),
             words.nth(2),
             words.nth(3)

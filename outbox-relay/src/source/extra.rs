@@ -83,12 +83,26 @@ pub async fn select<DB: Database>(
 where
     for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
 {
+    select_of(pool, extra, dialect, "").await
+}
+
+/// [`select`] for a statement in which the outbox is aliased `alias`.
+pub async fn select_of<DB: Database>(
+    pool: &Pool<DB>,
+    extra: &ExtraColumns,
+    dialect: &JsonOf,
+    alias: &str,
+) -> Result<ExtraSelect, sqlx::Error>
+where
+    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
+{
     let mut select = ExtraSelect::default();
     for (n, column) in extra.columns.iter().enumerate() {
         let quoted = (dialect.quote)(column);
         let probe = format!("SELECT {quoted} FROM outbox WHERE 1 = 0");
         let expr = match sqlx::raw_sql(AssertSqlSafe(probe)).execute(pool).await {
-            Ok(_) => (dialect.json)(&quoted),
+            Ok(_) if alias.is_empty() => (dialect.json)(&quoted),
+            Ok(_) => (dialect.json)(&format!("{alias}.{quoted}")),
             Err(sqlx::Error::Database(_)) if !extra.error_on_missing => "NULL".to_owned(),
             Err(sqlx::Error::Database(_)) => {
                 return Err(sqlx::Error::Configuration(
