@@ -246,8 +246,14 @@ impl CloudEvent {
 /// its offset, MariaDB's and SQLite's UTC forms) in RFC 3339, UTC; `None`
 /// for what is not a time (PostgreSQL's `infinity`).
 pub fn rfc3339(text: &str) -> Option<String> {
+    let utc = parse_time(text)?;
+    Some(utc.to_rfc3339_opts(SecondsFormat::AutoSi, true))
+}
+
+/// A time as a database writes it (see [`rfc3339`]), in UTC.
+pub fn parse_time(text: &str) -> Option<DateTime<Utc>> {
     let text = text.trim();
-    let utc = DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%#z")
+    DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%#z")
         .or_else(|_| DateTime::parse_from_rfc3339(text))
         .map(|time| time.with_timezone(&Utc))
         .or_else(|_| {
@@ -255,8 +261,7 @@ pub fn rfc3339(text: &str) -> Option<String> {
                 .or_else(|_| NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%M:%S%.f"))
                 .map(|time| time.and_utc())
         })
-        .ok()?;
-    Some(utc.to_rfc3339_opts(SecondsFormat::AutoSi, true))
+        .ok()
 }
 
 #[cfg(test)]

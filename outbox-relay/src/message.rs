@@ -41,6 +41,10 @@ pub struct Message {
     /// The Kafka partition an additional field names, or why its value is
     /// not one; `None`: by key.
     pub partition: Option<Result<i32, String>>,
+    /// The message timestamp (milliseconds since the epoch) the router's
+    /// `table.field.event.timestamp` column gives; `None`: the time of
+    /// sending.
+    pub timestamp: Option<i64>,
 }
 
 /// A message as a sink writes it under its binding: the headers, the
@@ -165,13 +169,14 @@ impl TopicTemplate {
             Some(router) if router.routes() => router.topic(record),
             _ => self.topic(&record.aggregate_type),
         };
-        let (payload, extra_headers, partition) = match &self.router {
+        let (payload, extra_headers, partition, timestamp) = match &self.router {
             Some(router) => (
                 router.value(record),
                 router.headers(record),
                 router.partition(record),
+                router.timestamp(record),
             ),
-            None => (record.payload.clone(), Vec::new(), None),
+            None => (record.payload.clone(), Vec::new(), None, None),
         };
         Message {
             topic,
@@ -185,6 +190,7 @@ impl TopicTemplate {
                 .map(|cloudevents| Box::new(cloudevents.event(record))),
             extra_headers,
             partition,
+            timestamp,
         }
     }
 }
@@ -213,6 +219,7 @@ pub(crate) fn test_message(id: &str, key: &str) -> Message {
         cloudevent: None,
         extra_headers: Vec::new(),
         partition: None,
+        timestamp: None,
     }
 }
 

@@ -32,6 +32,9 @@
 //!   of an envelope `{"payload": .., "<alias>": ..}`, or as the Kafka
 //!   partition.
 //!
+//! - `table.field.event.timestamp`: a column whose value (a time, or
+//!   milliseconds since the epoch) is the message timestamp.
+//!
 //! The topic is the Kafka topic and the RabbitMQ routing key; NATS
 //! subjects have their own template (`--nats-subject`). The router's
 //! options about custom column names are refused by name (the relay reads
@@ -45,7 +48,7 @@ use crate::record::OutboxRecord;
 use crate::source::extra::{self, ExtraColumns, is_column_name};
 
 /// The options the relay takes.
-pub const OPTIONS: [&str; 7] = [
+pub const OPTIONS: [&str; 8] = [
     ROUTE_BY_FIELD,
     ROUTE_TOPIC_REGEX,
     ROUTE_TOPIC_REPLACEMENT,
@@ -53,7 +56,11 @@ pub const OPTIONS: [&str; 7] = [
     TABLE_EXPAND_JSON_PAYLOAD,
     TABLE_FIELDS_ADDITIONAL_PLACEMENT,
     TABLE_FIELDS_ADDITIONAL_ERROR_ON_MISSING,
+    TABLE_FIELD_EVENT_TIMESTAMP,
 ];
+
+/// `table.field.event.timestamp`.
+pub const TABLE_FIELD_EVENT_TIMESTAMP: &str = "table.field.event.timestamp";
 
 /// `table.fields.additional.placement`.
 pub const TABLE_FIELDS_ADDITIONAL_PLACEMENT: &str = "table.fields.additional.placement";
@@ -78,11 +85,10 @@ pub const DEFAULT_REGEX: &str = "(?<routedByValue>.*)";
 pub const DEFAULT_REPLACEMENT: &str = "outbox.event.${routedByValue}";
 
 /// Debezium router options the relay does not take.
-const NOT_TAKEN: [&str; 7] = [
+const NOT_TAKEN: [&str; 6] = [
     "table.field.event.id",
     "table.field.event.key",
     "table.field.event.payload",
-    "table.field.event.timestamp",
     "route.topic.regex.flags",
     "table.op.invalid.behavior",
     "debezium.op.invalid.behavior",
@@ -243,8 +249,12 @@ pub struct Router {
     /// `table.fields.additional.placement`.
     additional: Vec<Additional>,
     /// The extra columns the claims read: the route column (if not one of
-    /// the three), then the additional fields' columns.
+    /// the three), then the additional fields' columns, then the
+    /// timestamp column.
     extra: ExtraColumns,
+    /// `table.field.event.timestamp`: the index of its column in
+    /// [`OutboxRecord::extra`].
+    timestamp: Option<usize>,
 }
 
 impl Default for Router {
@@ -265,6 +275,7 @@ impl Router {
         let mut expand_json_payload = true;
         let mut placements = Vec::new();
         let mut error_on_missing = true;
+        let mut timestamp_column = None;
         for (name, value) in options {
             match name.as_str() {
                 ROUTE_BY_FIELD => route_by = RouteBy::parse(value)?,
@@ -277,6 +288,16 @@ impl Router {
                 TABLE_FIELDS_ADDITIONAL_PLACEMENT => placements = parse_placement(value)?,
                 TABLE_FIELDS_ADDITIONAL_ERROR_ON_MISSING => {
                     error_on_missing = parse_bool(name, value)?
+                }
+                TABLE_FIELD_EVENT_TIMESTAMP if value.trim().is_empty() => timestamp_column = None,
+                TABLE_FIELD_EVENT_TIMESTAMP if is_column_name(value.trim()) => {
+                    timestamp_column = Some(value.trim().to_owned())
+                }
+                TABLE_FIELD_EVENT_TIMESTAMP => {
+                    return Err(format!(
+                        "{TABLE_FIELD_EVENT_TIMESTAMP}: {value:?} is not a column name \
+                         (letters, digits and _)"
+                    ));
                 }
                 other => return Err(unknown(other)),
             }
@@ -291,7 +312,23 @@ impl Router {
         let routes = route_by != RouteBy::AggregateType
             || regex_text != DEFAULT_REGEX
             || replacement_text != DEFAULT_REPLACEMENT;
-        let (additional, extra) = extra_columns(&route_by, placements, error_on_missing)?;
+        let (additional, mut extra) = extra_columns(&route_by, placements, error_on_missing)?;
+        let timestamp = timestamp_column.map(|column| {
+            extra
+                .columns
+                .iter()
+                .position(|known| *known == column)
+                .unwrap_or_else(|| {
+                    extra.columns.push(column);
+                    extra.columns.len() - 1
+                })
+        });
+        if extra.columns.len() > extra::MAX {
+            return Err(format!(
+                "the router reads at most {} columns besides the outbox's own",
+                extra::MAX
+            ));
+        }
         Ok(Self {
             route_by,
             regex_text,
@@ -303,7 +340,21 @@ impl Router {
             routes,
             additional,
             extra,
+            timestamp,
         })
+    }
+
+    /// The message timestamp of `record` in milliseconds since the epoch,
+    /// from the `table.field.event.timestamp` column: a time, or a number
+    /// of milliseconds; `None` (the broker's or producer's time) without
+    /// the option or for a value that is neither.
+    pub fn timestamp(&self, record: &OutboxRecord) -> Option<i64> {
+        let value = record.extra.get(self.timestamp?)?.as_deref();
+        let text = json_text(value)?;
+        match text.parse::<i64>() {
+            Ok(millis) => Some(millis),
+            Err(_) => crate::cloudevents::parse_time(&text).map(|time| time.timestamp_millis()),
+        }
     }
 
     /// The extra columns the claims must read for this router.
@@ -677,6 +728,28 @@ mod tests {
             None,
             "a NULL payload stays a tombstone"
         );
+    }
+
+    #[test]
+    fn the_timestamp_column_gives_times_and_epoch_milliseconds() {
+        let router =
+            Router::from_options(&options(&[(TABLE_FIELD_EVENT_TIMESTAMP, "at")])).unwrap();
+        assert_eq!(router.extra_columns().columns, ["at"]);
+        let mut record = test_record("e-1", "42", 0);
+        for (json, millis) in [
+            (
+                r#""2026-12-03T15:57:31.123456+00:00""#,
+                Some(1_796_313_451_123),
+            ),
+            (r#""2026-12-03 15:57:31.123456""#, Some(1_796_313_451_123)),
+            ("1796313451123", Some(1_796_313_451_123)),
+            (r#""not a time""#, None),
+            ("null", None),
+        ] {
+            record.extra = vec![Some(json.to_owned())];
+            assert_eq!(router.timestamp(&record), millis, "{json}");
+        }
+        assert_eq!(Router::default().timestamp(&record), None);
     }
 
     #[test]

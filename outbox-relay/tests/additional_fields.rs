@@ -240,6 +240,90 @@ async fn cdc_additional_fields_go_where_the_placement_says() {
     t.drop().await;
 }
 
+/// `table.field.event.timestamp=created_at`: each Kafka message's
+/// timestamp is its row's creation time (to the millisecond), not the
+/// time it was sent, which the rows' times, set an hour back, tell apart.
+async fn timestamps_from_a_column(backend: Backend) {
+    let t = TestDb::new(backend).await;
+    let rows = write(&t).await;
+    let back = match backend {
+        Backend::Postgres => "UPDATE outbox SET created_at = created_at - interval '1 hour'",
+        Backend::MySql => "UPDATE outbox SET created_at = created_at - INTERVAL 1 HOUR",
+        Backend::Sqlite => {
+            "UPDATE outbox SET created_at = \
+             strftime('%Y-%m-%dT%H:%M:%fZ', created_at, '-1 hour')"
+        }
+    };
+    t.db.execute_unprepared(back)
+        .await
+        .expect("move creation times");
+    let times = match backend {
+        Backend::Postgres => {
+            "SELECT id::text, to_char(created_at AT TIME ZONE 'UTC', \
+             'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM outbox"
+        }
+        Backend::MySql => "SELECT id, DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ') FROM outbox",
+        Backend::Sqlite => "SELECT id, created_at FROM outbox",
+    };
+    let created: std::collections::BTreeMap<String, i64> =
+        t.db.query_all_raw(sea_orm::Statement::from_string(t.db_backend(), times))
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| {
+                let time: String = row.try_get_by_index(1).unwrap();
+                let time = chrono::DateTime::parse_from_rfc3339(&time).unwrap();
+                (row.try_get_by_index(0).unwrap(), time.timestamp_millis())
+            })
+            .collect();
+    let prefix = kafka::topic_prefix("timestamp");
+    let brokers = kafka::brokers();
+    let template = format!("{prefix}.{{aggregatetype}}");
+    let args = [
+        "run",
+        "--drain",
+        "--sink",
+        "kafka",
+        "--brokers",
+        &brokers,
+        "--topic-template",
+        &template,
+        "--router",
+        "table.field.event.timestamp=created_at",
+    ];
+    let (code, _, stderr) = run_to_end(relay(), &args, &[("DATABASE_URL", &t.url)]);
+    assert_eq!(code, 0, "relay failed:\n{stderr}");
+    let received = kafka::consume_timed(
+        &brokers,
+        &format!("{prefix}.Order"),
+        rows.len(),
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+    );
+    assert_eq!(received.len(), rows.len());
+    for (message, timestamp) in received {
+        let id = message.header("id").unwrap();
+        let expected = created[id];
+        assert_eq!(timestamp, Some(expected), "event {id}");
+    }
+    t.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_kafka_timestamps_come_from_the_named_column() {
+    timestamps_from_a_column(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mariadb_kafka_timestamps_come_from_the_named_column() {
+    timestamps_from_a_column(Backend::MySql).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_kafka_timestamps_come_from_the_named_column() {
+    timestamps_from_a_column(Backend::Sqlite).await;
+}
+
 /// On NATS JetStream (and RabbitMQ alike) the header and envelope
 /// placements apply as on Kafka; routing names the subject's template
 /// there, so only placements are given.

@@ -443,6 +443,7 @@ async fn a_kafka_sink_hands_nothing_over_past_its_send_window() {
             cloudevent: None,
             extra_headers: Vec::new(),
             partition: None,
+            timestamp: None,
         })
         .collect();
     let past = std::time::Instant::now() - Duration::from_millis(1);

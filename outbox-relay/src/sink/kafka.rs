@@ -337,6 +337,9 @@ impl KafkaSink {
         if let Some(value) = &wire.value {
             record = record.payload(value.as_bytes());
         }
+        if let Some(timestamp) = message.timestamp {
+            record = record.timestamp(timestamp);
+        }
         if let Some(partition) = &message.partition {
             let partition = partition.as_ref().map_err(SendError::permanent)?;
             record = record.partition(*partition);

@@ -353,7 +353,11 @@ pub fn properties(
         .with_content_type(wire.content_type.unwrap_or(cloudevents::JSON).into())
         .with_message_id(short("event id", header(headers::ID))?)
         .with_type(short("event type", header(headers::EVENT_TYPE))?)
-        .with_timestamp(timestamp)
+        .with_timestamp(
+            message
+                .timestamp
+                .map_or(timestamp, |millis| (millis.max(0) / 1000) as u64),
+        )
         .with_headers(table))
 }
 

@@ -26,6 +26,9 @@ struct Line<'a> {
     /// The partition an additional field names, if one does.
     #[serde(skip_serializing_if = "Option::is_none")]
     partition: Option<i32>,
+    /// The timestamp `table.field.event.timestamp` gives, if it does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timestamp: Option<i64>,
     headers: Headers<'a>,
     payload: Option<&'a RawValue>,
 }
@@ -73,6 +76,7 @@ pub fn json_line(message: &Message) -> Result<String, SendError> {
         topic: &message.topic,
         key: &message.key,
         partition,
+        timestamp: message.timestamp,
         headers: Headers(&wire.headers),
         payload,
     };
@@ -126,6 +130,7 @@ mod tests {
             cloudevent: None,
             extra_headers: Vec::new(),
             partition: None,
+            timestamp: None,
         };
         assert_eq!(
             json_line(&message).unwrap(),
@@ -144,6 +149,7 @@ mod tests {
             cloudevent: None,
             extra_headers: Vec::new(),
             partition: None,
+            timestamp: None,
         };
         assert!(json_line(&message).unwrap().ends_with(r#""payload":null}"#));
         message.payload = Some("not json".into());
