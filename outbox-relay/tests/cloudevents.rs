@@ -58,25 +58,12 @@ async fn write(t: &TestDb) -> Written {
     ))
     .await
     .expect("insert tombstone");
-    let sql = match t.backend {
-        Backend::Postgres => {
-            "SELECT id::text, to_char(created_at AT TIME ZONE 'UTC', \
-             'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM outbox"
-        }
-        Backend::MySql => "SELECT id, DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ') FROM outbox",
-        Backend::Sqlite => "SELECT id, created_at FROM outbox",
-    };
-    let times =
-        t.db.query_all_raw(sea_orm::Statement::from_string(t.db_backend(), sql))
-            .await
-            .expect("created_at")
-            .iter()
-            .map(|row| {
-                let id: String = row.try_get_by_index(0).unwrap();
-                let time: String = row.try_get_by_index(1).unwrap();
-                (id, instant(&time))
-            })
-            .collect();
+    let times = t
+        .created_at_times()
+        .await
+        .into_iter()
+        .map(|(id, time)| (id, instant(&time)))
+        .collect();
     let rows = t.outbox_rows().await;
     assert_eq!(rows.len(), 8);
     Written { rows, times }

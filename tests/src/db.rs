@@ -245,6 +245,32 @@ impl TestDb {
         written
     }
 
+    /// Each outbox row's `created_at` as RFC 3339 text in UTC, by id.
+    pub async fn created_at_times(&self) -> std::collections::BTreeMap<String, String> {
+        let sql = match self.backend {
+            Backend::Postgres => {
+                "SELECT id::text, to_char(created_at AT TIME ZONE 'UTC', \
+                 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM outbox"
+            }
+            Backend::MySql => {
+                "SELECT id, DATE_FORMAT(created_at, '%Y-%m-%dT%H:%i:%s.%fZ') FROM outbox"
+            }
+            Backend::Sqlite => "SELECT id, created_at FROM outbox",
+        };
+        self.db
+            .query_all_raw(sea_orm::Statement::from_string(self.db_backend(), sql))
+            .await
+            .expect("select created_at")
+            .iter()
+            .map(|row| {
+                (
+                    row.try_get_by_index(0).expect("id"),
+                    row.try_get_by_index(1).expect("created_at"),
+                )
+            })
+            .collect()
+    }
+
     /// Every outbox row, in insertion order.
     pub async fn outbox_rows(&self) -> Vec<OutboxRow> {
         let sql = match self.backend {
