@@ -5,11 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use outbox_schema::compare::{self, Site, Status};
+use outbox_schema::compare::{self, Site, Status, Unsettled};
 use outbox_schema::ctxt::Ctxt;
 use outbox_schema::model::{Event, Payload};
-use outbox_schema::schema_lock::{EventEntry, Lock, TypeEntry};
-use outbox_schema::shape::{FieldShape, TypeShape, VariantShape, nested_mismatch};
+use outbox_schema::schema_lock::{EventEntry, Lock, TypeEntry, json_of};
+use outbox_schema::shape::{FieldShape, TypeShape, VariantShape, nested_mismatch, settle_mismatch};
 use outbox_schema::ty;
 
 use crate::sources::{Item, Sources};
@@ -67,7 +67,18 @@ pub fn record(sources: &Sources, lock: &Lock, lock_name: &str) -> Outcome {
                     .push(format!("{}: {}", item.location(span), finding.message));
             }
         }
-        apply_verdict(verdict.status, actual, lock, lock_name, &here, &mut outcome);
+        let mut status = verdict.status;
+        for unsettled in &verdict.unsettled {
+            let recorded = lock.entry(&actual.event, actual.version);
+            if let Some(message) = settle(recorded, &actual, unsettled) {
+                let span = finding_span(&event, Site::Field(unsettled.field));
+                outcome
+                    .errors
+                    .push(format!("{}: {message}", item.location(span)));
+                status = Status::Rejected;
+            }
+        }
+        apply_verdict(status, actual, lock, lock_name, &here, &mut outcome);
     }
     let mut seen_errors = std::collections::BTreeSet::new();
     outcome
@@ -76,6 +87,48 @@ pub fn record(sources: &Sources, lock: &Lock, lock_name: &str) -> Outcome {
     let mut seen_notes = std::collections::BTreeSet::new();
     outcome.notes.retain(|note| seen_notes.insert(note.clone()));
     outcome
+}
+
+/// What the type of field `unsettled.field` of `actual` changed since its
+/// recorded type, settled as the derive settles it: `None` if readers of
+/// the recorded type read it.
+fn settle(
+    recorded: Option<&EventEntry>,
+    actual: &EventEntry,
+    unsettled: &Unsettled,
+) -> Option<String> {
+    let Some(recorded) = recorded else {
+        return Some(unsettled.message.clone());
+    };
+    let shapes = |ty: Option<&str>, types: &BTreeMap<String, TypeEntry>| {
+        let names = ty
+            .map(|ty| ty::payload_names_in(ty, &[]))
+            .unwrap_or_default();
+        let shapes: Vec<&'static TypeShape<'static>> = names
+            .iter()
+            .filter_map(|name| leak_shape(name, types, &mut Vec::new()))
+            .collect();
+        shapes
+    };
+    let recorded_ty = recorded
+        .fields
+        .iter()
+        .find(|field| field.name == unsettled.recorded_field)
+        .map(|field| field.ty.as_str());
+    let actual_ty = actual
+        .fields
+        .get(unsettled.field)
+        .map(|field| field.ty.as_str());
+    settle_mismatch(
+        &unsettled.recorded,
+        &shapes(recorded_ty, &recorded.types),
+        &unsettled.actual,
+        &shapes(actual_ty, &actual.types),
+        &unsettled.nested_prefix,
+        &unsettled.fix,
+        &unsettled.message,
+    )
+    .map(|message| message.as_str().to_owned())
 }
 
 /// Where a finding about `event` points: the field, attribute or version
@@ -126,7 +179,7 @@ fn apply_verdict(
                 .map_or(1, |e| e.version + 1);
             if let Some(message) = nested_problem(recorded, &actual, lock_name, next) {
                 outcome.errors.push(format!("{here}: {message}"));
-            } else if recorded != &actual {
+            } else if !recorded.same_json(&actual) {
                 outcome
                     .changes
                     .push(format!("recorded additive changes of {}", actual.title()));
@@ -271,6 +324,7 @@ fn leak_shape(
                         name: leak(&field.name),
                         rust_name: leak(field.rust_name()),
                         ty: leak(&field.ty),
+                        wire: leak(&json_of(&field.ty, types)),
                         optional: field.optional,
                         default: field.default,
                         flatten: field.flatten,
@@ -378,6 +432,105 @@ mod tests {
               `lines`: in `Payment`, variant `Card` was removed or renamed; bump to `version = 2` \
               and run `cargo outbox lock`, or keep the variant"
             ]
+        );
+    }
+
+    #[test]
+    fn changes_that_write_the_same_json_leave_the_lock_as_it_was() {
+        let v1 = record_text(&Lock::default(), V1).lock;
+        let same_json = V1
+            .replace("sku: String,", "sku: Box<str>,")
+            .replace("payment: Payment }", "payment: std::sync::Arc<Payment> }")
+            .replace(
+                "lines: Vec<Line>",
+                "lines: std::collections::VecDeque<Box<Line>>",
+            );
+        let outcome = record_text(&v1, &same_json);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert!(outcome.changes.is_empty(), "{:?}", outcome.changes);
+        assert_eq!(outcome.lock, v1);
+
+        // Nor does reordering fields or variants.
+        let reordered = V1
+            .replace(
+                "Card { last4: String }, Cash",
+                "Cash, Card { last4: String }",
+            )
+            .replace(
+                "sku: String, payment: Payment",
+                "payment: Payment, sku: String",
+            )
+            .replace(
+                "order_id: i64, lines: Vec<Line>,",
+                "lines: Vec<Line>, order_id: i64,",
+            );
+        assert_ne!(reordered, V1);
+        let outcome = record_text(&v1, &reordered);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert!(outcome.changes.is_empty(), "{:?}", outcome.changes);
+        assert_eq!(outcome.lock, v1);
+
+        // A newtype of the recorded type: recorded as the new spelling.
+        let newtype = format!(
+            "{}\n#[derive(EventPayload)] struct Sku(Box<str>);",
+            V1.replace("sku: String,", "sku: Sku,")
+        );
+        let outcome = record_text(&v1, &newtype);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        let line = &outcome.lock.entry("OrderPlaced", 1).unwrap().types["Line"];
+        assert_eq!(line.fields[0].ty, "Sku");
+        let wrong = newtype.replace("Sku(Box<str>)", "Sku(u64)");
+        let outcome = record_text(&v1, &wrong);
+        assert_eq!(outcome.lock, v1, "nothing is recorded");
+        assert!(
+            outcome.errors[0]
+                .contains("in `Line`, field `sku` changed type from `String` to `Sku`"),
+            "{:?}",
+            outcome.errors
+        );
+
+        // Another JSON type is still a breaking change.
+        let retyped = V1.replace("sku: String,", "sku: Vec<String>,");
+        let outcome = record_text(&v1, &retyped);
+        assert_eq!(outcome.lock, v1, "nothing is recorded");
+        assert_eq!(outcome.errors.len(), 1, "{:?}", outcome.errors);
+        assert!(
+            outcome.errors[0].contains("field `sku` changed type from `String` to `Vec<String>`"),
+            "{:?}",
+            outcome.errors
+        );
+    }
+
+    #[test]
+    fn a_decoder_kept_for_an_old_version_may_copy_its_nested_types() {
+        let v1 = record_text(&Lock::default(), V1).lock;
+        // Version 2 gives `Line` a required field; version 1 keeps a decoder
+        // with its own copy of the old `Line`.
+        let bumped = V1
+            .replace("sku: String,", "sku: String, qty: u32,")
+            .replace("version = 1", "version = 2")
+            + r#"
+            #[derive(EventPayload)]
+            struct LineV1 { sku: String, payment: Payment }
+
+            #[derive(DomainEvent)]
+            #[domain_event(aggregate = "Order", version = 1, name = "OrderPlaced")]
+            struct OrderPlacedV1 { order_id: i64, lines: Vec<LineV1>, at: chrono::DateTime<chrono::Utc> }
+        "#;
+        let outcome = record_text(&v1, &bumped);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert!(outcome.lock.entry("OrderPlaced", 2).is_some());
+
+        // A copy that reads other JSON is refused.
+        let wrong = bumped.replace("struct LineV1 { sku: String,", "struct LineV1 { sku: u64,");
+        let outcome = record_text(&v1, &wrong);
+        assert_eq!(outcome.errors.len(), 1, "{:?}", outcome.errors);
+        assert!(
+            outcome.errors[0].contains(
+                "through field `lines`: in `LineV1`, field `sku` changed type from `String` to `u64`"
+            ),
+            "{:?}",
+            outcome.errors
         );
     }
 

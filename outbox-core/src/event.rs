@@ -81,8 +81,10 @@ impl EventSchema {
 /// Well-known types need no implementation: the std leaves and containers
 /// (`String`, integers, `bool`, `Vec`, `Option`, `HashMap`, `Box`, ...) and
 /// `chrono`, `time`, `uuid`, `rust_decimal`, `serde_json::Value`, `url`
-/// types are compared by name. A type from another crate that is neither can
-/// be compared by name with `#[domain_event(opaque)]` on the field.
+/// types. Types are compared by the JSON they write: `Box<Money>` is
+/// `Money`, `VecDeque<T>` is `Vec<T>`, and a newtype (`struct Sku(String)`)
+/// is the field it holds. A type from another crate that implements none of
+/// this can be compared by name with `#[domain_event(opaque)]` on the field.
 ///
 /// ```
 /// use outbox_core::{EventPayload, shape::Kind};

@@ -27,7 +27,7 @@ pub fn derive_event_payload(input: &DeriveInput) -> Result<TokenStream, Vec<syn:
     let entry = payload.entry();
     // The fields of the model and of the entry are in the same order.
     let mut sources = payload.all_fields();
-    let shape = shape_tokens::type_shape(&name, &entry, &mut |_| {
+    let shape = shape_tokens::type_shape(&name, &entry, &ty::wire_of, &mut |_| {
         let Some(field) = sources.next() else {
             return Vec::new();
         };

@@ -16,9 +16,9 @@
 
 use std::path::{Path, PathBuf};
 
-use outbox_schema::compare::{self, Site, Status};
+use outbox_schema::compare::{self, Site, Status, Unsettled};
 use outbox_schema::model::Event;
-use outbox_schema::schema_lock::{LOCK_ENV, LOCK_FILE, Lock, RECORD_COMMAND};
+use outbox_schema::schema_lock::{EventEntry, LOCK_ENV, LOCK_FILE, Lock, RECORD_COMMAND};
 use outbox_schema::ty;
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
@@ -83,8 +83,60 @@ pub fn check_event(event: &Event<'_>) -> TokenStream {
         Status::Recorded | Status::Additive => nested_checks(event, &lock, &lock_name),
         Status::New | Status::Bumped { .. } | Status::Rejected => TokenStream::new(),
     };
+    let recorded = lock.entry(&event.attrs.name, event.attrs.version);
+    let settle = verdict
+        .unsettled
+        .iter()
+        .map(|unsettled| settle_check(event, recorded, unsettled));
     let include = include_lock(&path);
-    quote!(#(#errors)* #nested #include #track_env)
+    quote!(#(#errors)* #nested #(#settle)* #include #track_env)
+}
+
+/// A constant that compares a field's type with its recorded JSON type
+/// once the payload types inside it are known, and fails the build with
+/// the type change's message if readers of the recorded type could not
+/// read it (`shape::json_eq`).
+fn settle_check(
+    event: &Event<'_>,
+    recorded: Option<&EventEntry>,
+    unsettled: &Unsettled,
+) -> TokenStream {
+    let (Some(field), Some(recorded)) = (event.fields.get(unsettled.field), recorded) else {
+        return TokenStream::new();
+    };
+    let recorded_types = recorded
+        .fields
+        .iter()
+        .find(|field| field.name == unsettled.recorded_field)
+        .map(|field| ty::payload_names_in(&field.ty, &[]))
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|name| shape_tokens::recorded(&name, &recorded.types, &mut Vec::new()))
+        .map(|shape| quote!(&#shape));
+    let actual_types = field
+        .payload_types(&event.type_params())
+        .into_iter()
+        .map(|inner| {
+            let inner = with_static_lifetimes(inner);
+            quote_spanned!(inner.span()=> <#inner as ::outbox_core::EventPayload>::SHAPE)
+        });
+    let (json, actual, message) = (&unsettled.recorded, &unsettled.actual, &unsettled.message);
+    let (nested_prefix, fix) = (&unsettled.nested_prefix, &unsettled.fix);
+    let span = field.ty.span();
+    quote_spanned! {span=>
+        const _: () = match ::outbox_core::shape::settle_mismatch(
+            #json,
+            &[#(#recorded_types),*],
+            #actual,
+            &[#(#actual_types),*],
+            #nested_prefix,
+            #fix,
+            #message,
+        ) {
+            ::core::option::Option::Some(message) => ::core::panic!("{}", message.as_str()),
+            ::core::option::Option::None => (),
+        };
+    }
 }
 
 /// The checks of the payload types nested in the fields of `event`, which

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use outbox_schema::schema_lock::{FieldEntry, TypeEntry};
+use outbox_schema::schema_lock::{FieldEntry, TypeEntry, json_of};
 use outbox_schema::shape::Kind;
 use outbox_schema::ty;
 use proc_macro2::TokenStream;
@@ -37,22 +37,23 @@ pub fn kind(kind: Kind) -> TokenStream {
 
 /// A `TypeShape` expression for the type `name` shaped like `entry`, whose
 /// fields' nested payload types are the `&TypeShape` expressions `nested`
-/// returns for each field.
+/// returns for each field, and whose fields' `wire` spellings `wire` gives.
 pub fn type_shape(
     name: &str,
     entry: &TypeEntry,
+    wire: &dyn Fn(&str) -> String,
     nested: &mut dyn FnMut(&FieldEntry) -> Vec<TokenStream>,
 ) -> TokenStream {
     let kind = kind(entry.kind);
     let rename_all = entry.rename_all.as_deref().unwrap_or("");
     let repr = entry.repr.as_deref().unwrap_or("");
-    let struct_fields = fields(&entry.fields, nested);
+    let struct_fields = fields(&entry.fields, wire, nested);
     let mut variants = Vec::new();
     for variant in &entry.variants {
         let name = &variant.name;
         let rust_name = variant.rust_name();
         let kind = self::kind(variant.kind);
-        let fields = fields(&variant.fields, nested);
+        let fields = fields(&variant.fields, wire, nested);
         variants.push(quote! {
             ::outbox_core::shape::VariantShape {
                 name: #name,
@@ -78,6 +79,7 @@ pub fn type_shape(
 /// A `&[FieldShape]` expression.
 fn fields(
     fields: &[FieldEntry],
+    wire: &dyn Fn(&str) -> String,
     nested: &mut dyn FnMut(&FieldEntry) -> Vec<TokenStream>,
 ) -> TokenStream {
     let mut shapes = Vec::new();
@@ -85,6 +87,7 @@ fn fields(
         let name = &field.name;
         let rust_name = field.rust_name();
         let ty = &field.ty;
+        let wire = wire(&field.ty);
         let (optional, default, flatten) = (field.optional, field.default, field.flatten);
         let omittable = field.omittable;
         let types = nested(field);
@@ -93,6 +96,7 @@ fn fields(
                 name: #name,
                 rust_name: #rust_name,
                 ty: #ty,
+                wire: #wire,
                 optional: #optional,
                 default: #default,
                 flatten: #flatten,
@@ -115,7 +119,10 @@ pub fn recorded(
 ) -> Option<TokenStream> {
     let entry = types.get(name)?;
     path.push(name.to_owned());
-    let shape = type_shape(name, entry, &mut |field| {
+    // Recorded newtypes are spelled as what they hold; the current ones
+    // are read so by `shape::json_eq`.
+    let wire = |ty: &str| json_of(ty, types);
+    let shape = type_shape(name, entry, &wire, &mut |field| {
         if field.opaque {
             return Vec::new();
         }

@@ -6,8 +6,9 @@
 //! located so the derive can point at the field (or the version attribute
 //! for removals).
 
-use crate::schema_lock::{EventEntry, FieldEntry, Lock, RECORD_COMMAND};
+use crate::schema_lock::{EventEntry, FieldEntry, Lock, RECORD_COMMAND, json_of, same_json};
 use crate::shape::{Change, Message, Problem, field_problem};
+use crate::ty;
 
 /// Where in the event struct a finding belongs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +60,33 @@ pub struct Verdict {
     pub status: Status,
     /// Every problem, in field order; empty for `Recorded` and `Additive`.
     pub findings: Vec<Finding>,
+    /// Fields whose type changed its spelling in a way only the payload
+    /// types inside it can settle: `String` recorded, `Sku` now, which
+    /// writes the same JSON if `Sku` is a newtype of `String`, or `Money`
+    /// recorded and `MoneyV1` now. The derive settles them while the crate
+    /// compiles, the lock command with every type's shape
+    /// (`shape::json_eq`).
+    pub unsettled: Vec<Unsettled>,
+}
+
+/// A field's type to compare once the payload types inside it are known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsettled {
+    /// The current field at this index of `EventEntry::fields`.
+    pub field: usize,
+    /// The recorded field's name.
+    pub recorded_field: String,
+    /// The recorded JSON type (see `schema_lock::json_of`).
+    pub recorded: String,
+    /// The current type's wire spelling (see `ty::wire`).
+    pub actual: String,
+    /// The message if the two write different JSON.
+    pub message: String,
+    /// How a message about a change inside a payload type of the field
+    /// starts (see [`mismatch`]).
+    pub nested_prefix: String,
+    /// The fix such a message gives (see [`bump_fix`]).
+    pub fix: String,
 }
 
 /// Checks `actual` (an event's current schema, as the model reads it)
@@ -66,6 +94,7 @@ pub struct Verdict {
 pub fn check_event(lock: &Lock, actual: &EventEntry, lock_name: &str) -> Verdict {
     let versions = lock.versions(&actual.event);
     let mut findings = Vec::new();
+    let mut unsettled = Vec::new();
     if let Some(other) = versions
         .iter()
         .find(|entry| entry.aggregate != actual.aggregate)
@@ -87,10 +116,16 @@ pub fn check_event(lock: &Lock, actual: &EventEntry, lock_name: &str) -> Verdict
         latest,
     ) {
         (Some(recorded), Some(latest)) => {
-            compare_fields(recorded, actual, latest + 1, lock_name, &mut findings);
+            let mut found = Found {
+                findings: &mut findings,
+                unsettled: &mut unsettled,
+            };
+            compare_fields(recorded, actual, latest + 1, lock_name, &mut found);
             if !findings.is_empty() {
                 Status::Rejected
-            } else if recorded.fields == actual.fields && recorded.rename_all == actual.rename_all {
+            } else if recorded.rename_all == actual.rename_all
+                && same_json(&recorded.fields, &actual.fields)
+            {
                 Status::Recorded
             } else {
                 Status::Additive
@@ -135,7 +170,11 @@ pub fn check_event(lock: &Lock, actual: &EventEntry, lock_name: &str) -> Verdict
     } else {
         status
     };
-    Verdict { status, findings }
+    Verdict {
+        status,
+        findings,
+        unsettled,
+    }
 }
 
 /// How a message about an incompatible change to `recorded` starts:
@@ -157,26 +196,38 @@ pub fn bump_fix(next: u32) -> String {
     format!("; bump to `version = {next}` and run `{RECORD_COMMAND}`, ")
 }
 
+/// What [`compare_fields`] finds: problems, and types left to settle.
+struct Found<'f> {
+    findings: &'f mut Vec<Finding>,
+    unsettled: &'f mut Vec<Unsettled>,
+}
+
 /// Pushes a finding for every incompatible change from `recorded` to
-/// `actual` (the same event version). `next` is the version to bump to.
+/// `actual` (the same event version), and every type change only the
+/// compiler can settle. `next` is the version to bump to.
 fn compare_fields(
     recorded: &EventEntry,
     actual: &EventEntry,
     next: u32,
     lock_name: &str,
-    findings: &mut Vec<Finding>,
+    found: &mut Found<'_>,
 ) {
     let prefix = mismatch(recorded, lock_name, None);
     let fix = bump_fix(next);
-    let report = |findings: &mut Vec<Finding>, site, problem: &Problem<'_>| {
-        let message = Message::new()
+    let render = |problem: &Problem<'_>| {
+        Message::new()
             .push(&prefix)
             .describe(problem)
             .push(&fix)
-            .hint(problem);
+            .hint(problem)
+            .as_str()
+            .to_owned()
+    };
+    let findings = &mut *found.findings;
+    let report = |findings: &mut Vec<Finding>, site, problem: &Problem<'_>| {
         findings.push(Finding {
             site,
-            message: message.as_str().to_owned(),
+            message: render(problem),
         });
     };
 
@@ -206,18 +257,36 @@ fn compare_fields(
     let mut renamed_to = Vec::new();
     for old in &recorded.fields {
         if let Some(index) = position(&old.name) {
-            let shape = actual.fields[index].shape();
-            if let Some(problem) = field_problem("", "", &old.shape(), &shape) {
+            let new = &actual.fields[index];
+            let (old_json, new_json) = (
+                json_of(&old.ty, &recorded.types),
+                json_of(&new.ty, &actual.types),
+            );
+            let shape = new.shape(&new_json);
+            let Some(problem) = field_problem("", "", &old.shape(&old_json), &shape) else {
+                continue;
+            };
+            if problem.change == Change::TypeChanged && has_payload_types(new) {
+                found.unsettled.push(Unsettled {
+                    field: index,
+                    recorded_field: old.name.clone(),
+                    recorded: old_json.clone(),
+                    actual: new_json.clone(),
+                    message: render(&problem),
+                    nested_prefix: mismatch(recorded, lock_name, Some(&old.name)),
+                    fix: fix.clone(),
+                });
+            } else {
                 report(findings, Site::Field(index), &problem);
             }
         } else {
-            let (site, problem) = gone_field(old, actual, &unrecorded, &mut renamed_to);
+            let (site, problem) = gone_field(old, recorded, actual, &unrecorded, &mut renamed_to);
             report(findings, site, &problem);
         }
     }
     for index in unrecorded {
         let field = &actual.fields[index];
-        if renamed_to.contains(&index) || field.shape().tolerant() {
+        if renamed_to.contains(&index) || field.shape("").tolerant() {
             continue;
         }
         let problem = Problem {
@@ -236,16 +305,25 @@ fn compare_fields(
     });
 }
 
+/// Whether `field`'s type names payload types, whose shapes may make it
+/// write what the recorded type wrote (a newtype of it, or a copy of the
+/// recorded payload type under another name).
+fn has_payload_types(field: &FieldEntry) -> bool {
+    !field.opaque && !ty::payload_names_in(&field.ty, &[]).is_empty()
+}
+
 /// The finding for a recorded field gone under its name: renamed if a new
 /// field (`unrecorded`, by index) has its Rust name, or is the only new
 /// field of its type; else removed. `renamed_to` collects the new fields
 /// taken as renames.
 fn gone_field<'a>(
     old: &'a FieldEntry,
+    recorded: &EventEntry,
     actual: &'a EventEntry,
     unrecorded: &[usize],
     renamed_to: &mut Vec<usize>,
 ) -> (Site, Problem<'a>) {
+    let old_json = json_of(&old.ty, &recorded.types);
     let same_rust = unrecorded
         .iter()
         .copied()
@@ -253,7 +331,9 @@ fn gone_field<'a>(
     let same_type: Vec<usize> = unrecorded
         .iter()
         .copied()
-        .filter(|&i| actual.fields[i].ty == old.ty && !renamed_to.contains(&i))
+        .filter(|&i| {
+            json_of(&actual.fields[i].ty, &actual.types) == old_json && !renamed_to.contains(&i)
+        })
         .collect();
     let renamed = same_rust.or(match same_type.as_slice() {
         [only] => Some(*only),
@@ -345,6 +425,129 @@ mod tests {
             (verdict.status, verdict.findings.len()),
             (Status::Additive, 0)
         );
+    }
+
+    #[test]
+    fn a_change_that_writes_the_same_json_leaves_the_event_recorded() {
+        let recorded = event(
+            1,
+            vec![
+                field("customer", "Box<Customer>"),
+                field("lines", "Vec<Line>"),
+                field("tags", "BTreeMap<String, String>"),
+                field("note", "Option<Cow<str>>"),
+            ],
+        );
+        let lock = lock(vec![recorded]);
+        let actual = event(
+            1,
+            vec![
+                field("customer", "Customer"),
+                field("lines", "Arc<[Line]>"),
+                field("tags", "HashMap<String, Box<str>>"),
+                field("note", "Option<String>"),
+            ],
+        );
+        let verdict = check_event(&lock, &actual, "outbox.lock");
+        assert_eq!(
+            (verdict.status, verdict.findings),
+            (Status::Recorded, vec![])
+        );
+
+        // A rename keeps being found by the JSON type, too.
+        let renamed = event(
+            1,
+            vec![
+                field("client", "Arc<Customer>"),
+                field("lines", "Vec<Line>"),
+                field("tags", "BTreeMap<String, String>"),
+                field("note", "Option<String>"),
+            ],
+        );
+        let verdict = check_event(&lock, &renamed, "outbox.lock");
+        assert_eq!(verdict.status, Status::Rejected);
+        assert!(
+            verdict.findings[0]
+                .message
+                .contains("field `customer` was renamed to `client`"),
+            "{:?}",
+            verdict.findings
+        );
+    }
+
+    #[test]
+    fn a_newtype_of_the_recorded_type_is_settled_once_its_shape_is_known() {
+        use crate::schema_lock::TypeEntry;
+        use crate::shape::Kind;
+
+        let newtype = |inner: &str| TypeEntry {
+            kind: Kind::Tuple,
+            rename_all: None,
+            repr: None,
+            fields: vec![field("0", inner)],
+            variants: Vec::new(),
+        };
+        let lock = lock(vec![v1()]);
+        let actual = event(
+            1,
+            vec![field("order_id", "OrderId"), field("customer", "String")],
+        );
+        // One struct at a time (the derive): left to the compiler.
+        let verdict = check_event(&lock, &actual, "outbox.lock");
+        assert_eq!(
+            (verdict.status, verdict.findings),
+            (Status::Additive, vec![])
+        );
+        assert_eq!(verdict.unsettled.len(), 1);
+        let unsettled = &verdict.unsettled[0];
+        assert_eq!(
+            (
+                unsettled.field,
+                unsettled.recorded.as_str(),
+                unsettled.actual.as_str()
+            ),
+            (0, "i64", "OrderId")
+        );
+        assert!(
+            unsettled
+                .message
+                .contains("field `order_id` changed type from `i64` to `OrderId`"),
+            "{}",
+            unsettled.message
+        );
+
+        // With the newtype's shape (the lock command), it is spelled as
+        // what it holds, so equal; another type is left to settle.
+        let mut known = actual.clone();
+        known.types.insert("OrderId".into(), newtype("i64"));
+        let verdict = check_event(&lock, &known, "outbox.lock");
+        assert_eq!(
+            (
+                verdict.status,
+                verdict.findings.len(),
+                verdict.unsettled.len()
+            ),
+            (Status::Additive, 0, 0)
+        );
+        known.types.insert("OrderId".into(), newtype("String"));
+        let verdict = check_event(&lock, &known, "outbox.lock");
+        assert_eq!(verdict.unsettled[0].actual, "String");
+
+        // And back: the newtype recorded, its field's type now.
+        let lock = super::Lock {
+            events: vec![known_with(newtype("i64"))],
+        };
+        let verdict = check_event(&lock, &v1(), "outbox.lock");
+        assert_eq!((verdict.findings, verdict.unsettled), (vec![], vec![]));
+
+        fn known_with(entry: TypeEntry) -> EventEntry {
+            let mut recorded = event(
+                1,
+                vec![field("order_id", "OrderId"), field("customer", "String")],
+            );
+            recorded.types.insert("OrderId".into(), entry);
+            recorded
+        }
     }
 
     #[test]

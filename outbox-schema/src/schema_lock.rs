@@ -157,12 +157,14 @@ impl FieldEntry {
         self.rust.as_deref().unwrap_or(&self.name)
     }
 
-    /// The field's own facts, without nested payload types.
-    pub fn shape(&self) -> FieldShape<'_> {
+    /// The field's own facts, without nested payload types; `wire` is
+    /// `ty::wire_of(&self.ty)`, which the caller keeps.
+    pub fn shape<'a>(&'a self, wire: &'a str) -> FieldShape<'a> {
         FieldShape {
             name: &self.name,
             rust_name: self.rust_name(),
             ty: &self.ty,
+            wire,
             optional: self.optional,
             default: self.default,
             flatten: self.flatten,
@@ -198,6 +200,125 @@ impl EventEntry {
     pub fn title(&self) -> String {
         format!("`{}` version {}", self.event, self.version)
     }
+
+    /// Whether `other` records the same JSON: equal but for the order of
+    /// fields and variants and the spelling of types that write the same
+    /// JSON (`Box<Money>` and `Money`), so a change that leaves the JSON as
+    /// it was leaves the lock as it was.
+    pub fn same_json(&self, other: &EventEntry) -> bool {
+        let same_variant = |a: &VariantEntry, b: &VariantEntry| {
+            a.rust == b.rust && a.kind == b.kind && same_json(&a.fields, &b.fields)
+        };
+        let same_type = |name: &String, entry: &TypeEntry| {
+            other.types.get(name).is_some_and(|theirs| {
+                entry.kind == theirs.kind
+                    && entry.rename_all == theirs.rename_all
+                    && entry.repr == theirs.repr
+                    && same_json(&entry.fields, &theirs.fields)
+                    && same_by_name(&entry.variants, &theirs.variants, |v| &v.name, same_variant)
+            })
+        };
+        self.event == other.event
+            && self.version == other.version
+            && self.aggregate == other.aggregate
+            && self.rename_all == other.rename_all
+            && same_json(&self.fields, &other.fields)
+            && self.types.len() == other.types.len()
+            && self
+                .types
+                .iter()
+                .all(|(name, entry)| same_type(name, entry))
+    }
+}
+
+/// The JSON the type `ty` (a normalized spelling) is written as, spelled
+/// as a type: [`crate::ty::wire`], with every newtype among `types` (a
+/// tuple struct of one field, or a `#[serde(transparent)]` struct) spelled
+/// as what it holds. `struct Sku(String)` makes `Vec<Sku>` `Vec<String>`.
+pub fn json_of(ty: &str, types: &BTreeMap<String, TypeEntry>) -> String {
+    expand_newtypes(&crate::ty::wire_of(ty), types, &mut Vec::new())
+}
+
+fn expand_newtypes(
+    wire: &str,
+    types: &BTreeMap<String, TypeEntry>,
+    within: &mut Vec<String>,
+) -> String {
+    let mut out = String::with_capacity(wire.len());
+    let mut rest = wire;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+        out.push_str(&rest[..start]);
+        rest = &rest[start..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        let (name, after) = rest.split_at(end);
+        let inner = types
+            .get(name)
+            .filter(|_| !after.starts_with('<') && !within.iter().any(|w| w == name))
+            .and_then(TypeEntry::newtype_field);
+        match inner {
+            Some(field) => {
+                within.push(name.to_owned());
+                out.push_str(&expand_newtypes(
+                    &crate::ty::wire_of(&field.ty),
+                    types,
+                    within,
+                ));
+                within.pop();
+            }
+            None => out.push_str(name),
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+impl TypeEntry {
+    /// The one field a newtype or `#[serde(transparent)]` struct is
+    /// written as, if this is one (see `TypeShape::newtype_field`).
+    pub fn newtype_field(&self) -> Option<&FieldEntry> {
+        let wraps_one = self.kind == Kind::Tuple || self.repr.as_deref() == Some("transparent");
+        match self.fields.as_slice() {
+            [only] if wraps_one && !only.flatten => Some(only),
+            _ => None,
+        }
+    }
+}
+
+/// Whether two lists of fields record the same JSON: the same fields by
+/// name in any order, equal but for the spelling of types that write the
+/// same JSON (see `ty::wire`).
+pub fn same_json(a: &[FieldEntry], b: &[FieldEntry]) -> bool {
+    same_by_name(
+        a,
+        b,
+        |field| &field.name,
+        |a, b| {
+            let spelled_alike = FieldEntry {
+                ty: b.ty.clone(),
+                ..a.clone()
+            };
+            spelled_alike == *b && crate::ty::wire_of(&a.ty) == crate::ty::wire_of(&b.ty)
+        },
+    )
+}
+
+/// Whether `a` and `b` hold the same items by `name`, in any order, each
+/// pair `same`.
+fn same_by_name<T>(
+    a: &[T],
+    b: &[T],
+    name: impl Fn(&T) -> &String,
+    same: impl Fn(&T, &T) -> bool,
+) -> bool {
+    a.len() == b.len()
+        && a.iter().all(|x| {
+            b.iter()
+                .find(|y| name(y) == name(x))
+                .is_some_and(|y| same(x, y))
+        })
 }
 
 /// A lock file that could not be read.

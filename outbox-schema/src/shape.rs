@@ -83,6 +83,13 @@ pub struct FieldShape<'a> {
     pub rust_name: &'a str,
     /// The normalized type, like `Vec<Money>`.
     pub ty: &'a str,
+    /// The JSON the type is written as, spelled as a type (`outbox_schema::ty::wire`
+    /// with the `model` feature): `Box<Money>` and `&Money` are `Money`,
+    /// every sequence is `Vec<_>`, every map `Map<_, _>`; in a recorded
+    /// shape, newtypes are spelled as what they hold. Types are compared by
+    /// this spelling, with newtypes in `types` read as what they hold
+    /// ([`json_eq`]).
+    pub wire: &'a str,
     /// The type is an `Option`.
     pub optional: bool,
     /// The field has `#[serde(default)]`.
@@ -100,6 +107,209 @@ impl FieldShape<'_> {
     pub const fn tolerant(&self) -> bool {
         self.optional || self.default
     }
+}
+
+impl<'a> TypeShape<'a> {
+    /// The one field a newtype (`struct Sku(String)`) or a
+    /// `#[serde(transparent)]` struct is written as, if this is one.
+    pub const fn newtype_field(&self) -> Option<&FieldShape<'a>> {
+        let wraps_one = matches!(self.kind, Kind::Tuple) || str_eq(self.repr, "transparent");
+        match self.fields {
+            [only] if wraps_one && !only.flatten => Some(only),
+            _ => None,
+        }
+    }
+}
+
+/// Whether the type spelled `actual` writes JSON that readers of the type
+/// spelled `recorded` read (both as `FieldShape::wire` spells them), given
+/// the payload types inside each (`recorded_types`, `actual_types`):
+///
+/// - each newtype among `actual_types` is read as the field it holds, so a
+///   field recorded as `String` may become `Sku` for `struct Sku(String)`
+///   (recorded newtypes are already spelled so);
+/// - a payload type named otherwise than the recorded one in its place is
+///   compared with it field by field ([`first_problem`]), so a decoder kept
+///   for an old version may have its own copies of the old nested types
+///   (`MoneyV1` for the recorded `Money`);
+/// - a payload type of the recorded name is taken as it: the nested
+///   comparison reports what changed in it, with its own message.
+pub const fn json_eq(
+    recorded: &str,
+    recorded_types: &[&TypeShape<'_>],
+    actual: &str,
+    actual_types: &[&TypeShape<'_>],
+) -> bool {
+    json_mismatch(recorded, recorded_types, actual, actual_types).is_ok()
+}
+
+/// [`json_eq`], with why not: the first incompatible change between a
+/// payload type and the recorded one of another name in its place, if that
+/// is the reason.
+pub const fn json_mismatch<'a>(
+    recorded: &str,
+    recorded_types: &[&TypeShape<'a>],
+    actual: &str,
+    actual_types: &[&TypeShape<'a>],
+) -> Result<(), Option<Problem<'a>>> {
+    let actual = actual.as_bytes();
+    let sides = Sides {
+        recorded: recorded.as_bytes(),
+        recorded_types,
+    };
+    match sides.match_json(0, actual, 0, actual.len(), actual_types, 0) {
+        Ok(end) if end == recorded.len() => Ok(()),
+        Ok(_) => Err(None),
+        Err(problem) => Err(problem),
+    }
+}
+
+/// What a field's type changed since its recorded type, found while the
+/// crate compiles (see `compare::Unsettled`), as a message: `None` if
+/// readers of the recorded type read it ([`json_eq`]); else, when a payload
+/// type of another name changed against the recorded one, `nested_prefix`,
+/// where and what changed, `fix` and the way to keep the old shape; else
+/// `message`. The code `#[derive(DomainEvent)]` generates panics with it.
+pub const fn settle_mismatch(
+    recorded: &str,
+    recorded_types: &[&TypeShape<'_>],
+    actual: &str,
+    actual_types: &[&TypeShape<'_>],
+    nested_prefix: &str,
+    fix: &str,
+    message: &str,
+) -> Option<Message> {
+    match json_mismatch(recorded, recorded_types, actual, actual_types) {
+        Ok(()) => None,
+        Err(Some(problem)) => Some(
+            Message::new()
+                .push(nested_prefix)
+                .location(&problem)
+                .describe(&problem)
+                .push(fix)
+                .hint(&problem),
+        ),
+        Err(None) => Some(Message::new().push(message)),
+    }
+}
+
+/// How deep newtypes may hold newtypes before [`json_eq`] gives up.
+const NEWTYPE_DEPTH: usize = 16;
+
+/// The recorded side of [`json_eq`].
+struct Sides<'s, 'a> {
+    recorded: &'s [u8],
+    recorded_types: &'s [&'s TypeShape<'a>],
+}
+
+impl<'a> Sides<'_, 'a> {
+    /// Matches `actual[from..to]` against the recorded spelling from `at`,
+    /// reading payload types among `types` as [`json_eq`] says; where the
+    /// match ends in the recorded spelling, or why it fails.
+    const fn match_json(
+        &self,
+        mut at: usize,
+        actual: &[u8],
+        mut from: usize,
+        to: usize,
+        types: &[&TypeShape<'a>],
+        depth: usize,
+    ) -> Result<usize, Option<Problem<'a>>> {
+        let recorded = self.recorded;
+        if depth > NEWTYPE_DEPTH {
+            return Err(None);
+        }
+        while from < to {
+            if !is_ident_byte(actual[from]) {
+                if at >= recorded.len() || recorded[at] != actual[from] {
+                    return Err(None);
+                }
+                at += 1;
+                from += 1;
+                continue;
+            }
+            let start = from;
+            while from < to && is_ident_byte(actual[from]) {
+                from += 1;
+            }
+            // Payload types are never generic, so `Name<..>` is none.
+            let generic = from < to && actual[from] == b'<';
+            let payload = if generic {
+                None
+            } else {
+                named(types, actual, start, from)
+            };
+            if let Some(shape) = payload
+                && let Some(field) = shape.newtype_field()
+            {
+                let wire = field.wire.as_bytes();
+                match self.match_json(at, wire, 0, wire.len(), field.types, depth + 1) {
+                    Ok(next) => at = next,
+                    Err(problem) => return Err(problem),
+                }
+                continue;
+            }
+            let mut end = at;
+            while end < recorded.len() && is_ident_byte(recorded[end]) {
+                end += 1;
+            }
+            if !bytes_eq(recorded, at, end, actual, start, from) {
+                let recorded_shape = named(self.recorded_types, recorded, at, end);
+                let (Some(actual_shape), Some(recorded_shape)) = (payload, recorded_shape) else {
+                    return Err(None);
+                };
+                if let Some(problem) = first_problem(recorded_shape, actual_shape) {
+                    return Err(Some(problem));
+                }
+            }
+            at = end;
+        }
+        Ok(at)
+    }
+}
+
+/// `a[a_start..a_end] == b[b_start..b_end]`, in a constant.
+const fn bytes_eq(
+    a: &[u8],
+    a_start: usize,
+    a_end: usize,
+    b: &[u8],
+    b_start: usize,
+    b_end: usize,
+) -> bool {
+    if a_end - a_start != b_end - b_start {
+        return false;
+    }
+    let mut i = 0;
+    while a_start + i < a_end {
+        if a[a_start + i] != b[b_start + i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+const fn is_ident_byte(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || byte == b'_'
+}
+
+/// The payload type among `types` named `text[start..end]`.
+const fn named<'t, 'a>(
+    types: &'t [&'t TypeShape<'a>],
+    text: &[u8],
+    start: usize,
+    end: usize,
+) -> Option<&'t TypeShape<'a>> {
+    let mut t = 0;
+    while t < types.len() {
+        let name = types[t].name.as_bytes();
+        if bytes_eq(name, 0, name.len(), text, start, end) {
+            return Some(types[t]);
+        }
+        t += 1;
+    }
+    None
 }
 
 /// How a shape changed incompatibly.
@@ -186,7 +396,7 @@ pub const fn str_eq(a: &str, b: &str) -> bool {
 /// How `actual` changed from `recorded` (the same field by name), if
 /// incompatibly. Nested payload types are not looked at.
 pub const fn field_change(recorded: &FieldShape<'_>, actual: &FieldShape<'_>) -> Option<Change> {
-    if !str_eq(recorded.ty, actual.ty) {
+    if !json_eq(recorded.wire, recorded.types, actual.wire, actual.types) {
         Some(Change::TypeChanged)
     } else if recorded.flatten != actual.flatten {
         Some(Change::FlattenChanged)
@@ -544,6 +754,7 @@ mod tests {
             name,
             rust_name: name,
             ty,
+            wire: ty,
             optional: false,
             default: false,
             flatten: false,
@@ -600,6 +811,116 @@ mod tests {
         let reordered = [field("b", "i64"), field("a", "i64")];
         let original = [field("a", "i64"), field("b", "i64")];
         assert_eq!(message(&shape(&original), &shape(&reordered)), None);
+    }
+
+    #[test]
+    fn types_are_compared_by_the_json_they_write() {
+        // `Box<i64>` recorded, `i64` now: the same JSON, another spelling.
+        let boxed = [FieldShape {
+            ty: "Box<i64>",
+            ..CENTS
+        }];
+        assert_eq!(message(&shape(&boxed), &shape(&[CENTS])), None);
+        assert_eq!(message(&shape(&[CENTS]), &shape(&boxed)), None);
+    }
+
+    #[test]
+    fn newtypes_are_read_as_the_field_they_hold() {
+        const SKU_FIELDS: [FieldShape<'static>; 1] = [field("0", "String")];
+        const SKU: TypeShape<'static> = TypeShape {
+            name: "Sku",
+            kind: Kind::Tuple,
+            rename_all: "",
+            repr: "",
+            fields: &SKU_FIELDS,
+            variants: &[],
+        };
+        const SKU_TYPES: [&TypeShape<'static>; 1] = [&SKU];
+        const CODE_FIELDS: [FieldShape<'static>; 1] = [FieldShape {
+            types: &SKU_TYPES,
+            ..field("value", "Sku")
+        }];
+        const CODE: TypeShape<'static> = TypeShape {
+            name: "Code",
+            kind: Kind::Struct,
+            repr: "transparent",
+            fields: &CODE_FIELDS,
+            ..SKU
+        };
+        let types = [&SKU, &CODE];
+        for (recorded, actual) in [
+            ("String", "Sku"),
+            ("Vec<String>", "Vec<Sku>"),
+            ("Map<String, String>", "Map<Sku, Code>"),
+            ("Option<(String, i64)>", "Option<(Code, i64)>"),
+            ("String", "String"),
+        ] {
+            assert!(
+                json_eq(recorded, &[], actual, &types),
+                "{recorded} vs {actual}"
+            );
+        }
+        for (recorded, actual) in [
+            ("i64", "Sku"),
+            ("String", "Skus"),
+            ("Vec<String>", "Sku"),
+            ("Strings", "Sku"),
+            ("String", "Sku<u8>"),
+            ("Sku", "Sku"),
+        ] {
+            let expected = recorded == "Sku";
+            let alone = json_eq(recorded, &[], actual, &[]);
+            assert_eq!(alone, expected, "{recorded} vs {actual}");
+            if !expected {
+                assert!(
+                    !json_eq(recorded, &[], actual, &types),
+                    "{recorded} vs {actual}"
+                );
+            }
+        }
+        // A struct of two fields, or one flattened, is no newtype.
+        let two = [field("0", "String"), field("1", "String")];
+        let pair = TypeShape {
+            fields: &two,
+            ..SKU
+        };
+        assert!(!json_eq("String", &[], "Sku", &[&pair]));
+    }
+
+    #[test]
+    fn a_payload_type_of_another_name_is_compared_field_by_field() {
+        let recorded_fields = [CENTS];
+        let recorded = shape(&recorded_fields);
+        let kept_fields = [CENTS, optional("note", "Option<String>")];
+        let kept = TypeShape {
+            name: "MoneyV1",
+            ..shape(&kept_fields)
+        };
+        let changed_fields = [field("cents", "String")];
+        let changed = TypeShape {
+            name: "MoneyV1",
+            ..shape(&changed_fields)
+        };
+        assert!(json_eq(
+            "Vec<Money>",
+            &[&recorded],
+            "Vec<MoneyV1>",
+            &[&kept]
+        ));
+        assert!(!json_eq(
+            "Vec<Money>",
+            &[&recorded],
+            "Vec<MoneyV1>",
+            &[&changed]
+        ));
+        // Without the recorded shape, only the name could tell.
+        assert!(!json_eq("Money", &[], "MoneyV1", &[&kept]));
+        // Of the same name, the nested comparison reports the change.
+        let same_name = TypeShape {
+            name: "Money",
+            ..changed
+        };
+        assert!(json_eq("Money", &[&recorded], "Money", &[&same_name]));
     }
 
     #[test]

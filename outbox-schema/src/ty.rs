@@ -15,6 +15,12 @@ use syn::{GenericArgument, PathArguments, Type};
 
 /// The normalized spelling of `ty`.
 pub fn normalize(ty: &Type) -> String {
+    spell(ty, &normalize)
+}
+
+/// `ty` spelled with its paths reduced to their last segment, lifetimes
+/// dropped and every type inside it spelled by `inner`.
+fn spell(ty: &Type, inner: &dyn Fn(&Type) -> String) -> String {
     match ty {
         Type::Path(path) if path.qself.is_none() => match path.path.segments.last() {
             Some(last) => {
@@ -24,7 +30,7 @@ pub fn normalize(ty: &Type) -> String {
                         .args
                         .iter()
                         .filter_map(|arg| match arg {
-                            GenericArgument::Type(ty) => Some(normalize(ty)),
+                            GenericArgument::Type(ty) => Some(inner(ty)),
                             GenericArgument::Const(expr) => Some(compact(expr)),
                             GenericArgument::Lifetime(_) => None,
                             other => Some(compact(other)),
@@ -40,19 +46,19 @@ pub fn normalize(ty: &Type) -> String {
             }
             None => compact(ty),
         },
-        Type::Reference(reference) => format!("&{}", normalize(&reference.elem)),
-        Type::Slice(slice) => format!("[{}]", normalize(&slice.elem)),
-        Type::Array(array) => format!("[{}; {}]", normalize(&array.elem), compact(&array.len)),
+        Type::Reference(reference) => format!("&{}", inner(&reference.elem)),
+        Type::Slice(slice) => format!("[{}]", inner(&slice.elem)),
+        Type::Array(array) => format!("[{}; {}]", inner(&array.elem), compact(&array.len)),
         Type::Tuple(tuple) => {
-            let elems: Vec<String> = tuple.elems.iter().map(normalize).collect();
+            let elems: Vec<String> = tuple.elems.iter().map(inner).collect();
             if elems.len() == 1 {
                 format!("({},)", elems[0])
             } else {
                 format!("({})", elems.join(", "))
             }
         }
-        Type::Paren(paren) => normalize(&paren.elem),
-        Type::Group(group) => normalize(&group.elem),
+        Type::Paren(paren) => inner(&paren.elem),
+        Type::Group(group) => inner(&group.elem),
         other => compact(other),
     }
 }
@@ -188,6 +194,91 @@ pub const CONTAINERS: &[&str] = &[
     "ArrayVec",
 ];
 
+/// Wrappers serde writes as the value they hold (with serde's `rc`
+/// feature for `Rc` and `Arc`): `Box<Money>` is written as `Money` is.
+pub const TRANSPARENT: &[&str] = &[
+    "Box",
+    "Rc",
+    "Arc",
+    "Cow",
+    "Cell",
+    "RefCell",
+    "Mutex",
+    "RwLock",
+    "Reverse",
+    "Wrapping",
+    "Saturating",
+];
+
+/// Collections serde writes as a JSON array of their elements.
+pub const SEQUENCES: &[&str] = &[
+    "Vec",
+    "VecDeque",
+    "LinkedList",
+    "BinaryHeap",
+    "HashSet",
+    "BTreeSet",
+    "IndexSet",
+];
+
+/// Maps serde writes as a JSON object (`Map` is `serde_json::Map`).
+pub const MAPS: &[&str] = &["HashMap", "BTreeMap", "IndexMap", "Map"];
+
+/// The JSON a type is written as, spelled as a type: two types with the
+/// same spelling here write and read the same JSON. Serde's transparent
+/// wrappers ([`TRANSPARENT`]) and references are their contents, `str` is
+/// `String`, every sequence ([`SEQUENCES`], slices) is `Vec<T>` and every
+/// map ([`MAPS`]) is `Map<K, V>`; other types are spelled as [`normalize`]
+/// spells them. So `Box<Money>`, `Arc<Money>` and `&Money` are `Money`,
+/// and `BTreeMap<String, Vec<Line>>` and `HashMap<String, VecDeque<Line>>`
+/// are both `Map<String, Vec<Line>>`.
+pub fn wire(ty: &Type) -> String {
+    match ty {
+        Type::Path(path) if path.qself.is_none() => {
+            let Some(last) = path.path.segments.last() else {
+                return spell(ty, &wire);
+            };
+            let args: Vec<&Type> = match &last.arguments {
+                PathArguments::AngleBracketed(args) => args
+                    .args
+                    .iter()
+                    .filter_map(|arg| match arg {
+                        GenericArgument::Type(ty) => Some(ty),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            match (last.ident.to_string().as_str(), args.as_slice()) {
+                ("str", []) => "String".to_owned(),
+                (wrapper, [inner]) if TRANSPARENT.contains(&wrapper) => wire(inner),
+                // A hasher parameter (`HashSet<T, S>`) does not change the JSON.
+                (sequence, [element, ..]) if SEQUENCES.contains(&sequence) => {
+                    format!("Vec<{}>", wire(element))
+                }
+                (map, [key, value, ..]) if MAPS.contains(&map) => {
+                    format!("Map<{}, {}>", wire(key), wire(value))
+                }
+                _ => spell(ty, &wire),
+            }
+        }
+        Type::Reference(reference) => wire(&reference.elem),
+        Type::Slice(slice) => format!("Vec<{}>", wire(&slice.elem)),
+        Type::Paren(paren) => wire(&paren.elem),
+        Type::Group(group) => wire(&group.elem),
+        other => spell(other, &wire),
+    }
+}
+
+/// [`wire`] of a recorded, normalized spelling such as `Box<Money>`; the
+/// spelling itself if it does not parse.
+pub fn wire_of(normalized: &str) -> String {
+    match syn::parse_str::<Type>(normalized) {
+        Ok(ty) => wire(&ty),
+        Err(_) => normalized.to_owned(),
+    }
+}
+
 /// The payload types inside `ty`, in the order they appear: the named types
 /// that are neither [`LEAVES`], [`CONTAINERS`] nor one of `generic_params`
 /// (the event's own type parameters, compared by name).
@@ -320,6 +411,68 @@ mod tests {
             payload_names_in("HashMap<Sku, Vec<Line>>", &[]),
             ["Sku", "Line"]
         );
+    }
+
+    #[test]
+    fn types_serde_writes_alike_have_one_wire_spelling() {
+        let same = [
+            (
+                "Money",
+                &[
+                    "Box<Money>",
+                    "Arc<Money>",
+                    "Rc<Money>",
+                    "&'a Money",
+                    "crate::m::Money",
+                ][..],
+            ),
+            (
+                "String",
+                &["&'a str", "Box<str>", "Cow<'a, str>", "std::string::String"][..],
+            ),
+            (
+                "Vec<Line>",
+                &[
+                    "VecDeque<Line>",
+                    "&'a [Line]",
+                    "Box<[Box<Line>]>",
+                    "BTreeSet<Line>",
+                ][..],
+            ),
+            (
+                "Map<String, Vec<Line>>",
+                &[
+                    "BTreeMap<String, Vec<Line>>",
+                    "HashMap<String, VecDeque<Arc<Line>>, S>",
+                ][..],
+            ),
+            (
+                "Option<Money>",
+                &["Option<Box<Money>>", "std::option::Option<Arc<Money>>"][..],
+            ),
+            ("(i64, String)", &["(i64, Box<str>)"][..]),
+            ("[Money; 2]", &["[Box<Money>; 2]"][..]),
+            ("DateTime<Utc>", &["chrono::DateTime<chrono::Utc>"][..]),
+        ];
+        for (expected, spellings) in same {
+            assert_eq!(wire_of(expected), expected);
+            for spelling in spellings {
+                let ty = syn::parse_str::<Type>(spelling).unwrap();
+                assert_eq!(wire(&ty), expected, "{spelling}");
+                assert_eq!(wire_of(&normalize(&ty)), expected, "{spelling}");
+            }
+        }
+        // What changes the JSON, or what a reader accepts, stays apart.
+        for (a, b) in [
+            ("i32", "u32"),
+            ("Money", "Option<Money>"),
+            ("Vec<Money>", "[Money; 2]"),
+            ("Vec<u8>", "String"),
+            ("char", "String"),
+            ("Vec<Money>", "Map<String, Money>"),
+        ] {
+            assert_ne!(wire_of(a), wire_of(b), "{a} vs {b}");
+        }
     }
 
     #[test]
