@@ -95,32 +95,16 @@ pub fn check_event(lock: &Lock, actual: &EventEntry, lock_name: &str) -> Verdict
     let versions = lock.versions(&actual.event);
     let mut findings = Vec::new();
     let mut unsettled = Vec::new();
-    if let Some(other) = versions
-        .iter()
-        .find(|entry| entry.aggregate != actual.aggregate)
-    {
-        findings.push(Finding {
-            site: Site::Aggregate,
-            message: format!(
-                "event `{}` belongs to aggregate `{}` in {lock_name} (version {}): an event type \
-                 cannot move to another aggregate, its consumers read `{}`'s stream; keep \
-                 `aggregate = \"{}\"`, or publish a new event type (another struct name, or \
-                 `name = \"..\"`)",
-                actual.event, other.aggregate, other.version, other.aggregate, other.aggregate,
-            ),
-        });
-    }
+    findings.extend(moved_aggregate(&versions, actual, lock_name));
     let latest = versions.iter().map(|entry| entry.version).max();
     let status = match (
         versions.iter().find(|e| e.version == actual.version),
         latest,
     ) {
         (Some(recorded), Some(latest)) => {
-            let mut found = Found {
-                findings: &mut findings,
-                unsettled: &mut unsettled,
-            };
-            compare_fields(recorded, actual, latest + 1, lock_name, &mut found);
+            let found = compare_fields(recorded, actual, latest + 1, lock_name);
+            findings.extend(found.findings);
+            unsettled = found.unsettled;
             if !findings.is_empty() {
                 Status::Rejected
             } else if recorded.rename_all == actual.rename_all
@@ -177,6 +161,27 @@ pub fn check_event(lock: &Lock, actual: &EventEntry, lock_name: &str) -> Verdict
     }
 }
 
+/// The finding for an event type recorded under another aggregate.
+fn moved_aggregate(
+    versions: &[&EventEntry],
+    actual: &EventEntry,
+    lock_name: &str,
+) -> Option<Finding> {
+    let other = versions
+        .iter()
+        .find(|entry| entry.aggregate != actual.aggregate)?;
+    Some(Finding {
+        site: Site::Aggregate,
+        message: format!(
+            "event `{}` belongs to aggregate `{}` in {lock_name} (version {}): an event type \
+             cannot move to another aggregate, its consumers read `{}`'s stream; keep \
+             `aggregate = \"{}\"`, or publish a new event type (another struct name, or \
+             `name = \"..\"`)",
+            actual.event, other.aggregate, other.version, other.aggregate, other.aggregate,
+        ),
+    })
+}
+
 /// How a message about an incompatible change to `recorded` starts:
 /// "`E` version N no longer matches outbox.lock: ", or, for a change inside a
 /// payload type nested in `field`, "... through field `f`: ".
@@ -197,40 +202,83 @@ pub fn bump_fix(next: u32) -> String {
 }
 
 /// What [`compare_fields`] finds: problems, and types left to settle.
-struct Found<'f> {
-    findings: &'f mut Vec<Finding>,
-    unsettled: &'f mut Vec<Unsettled>,
+#[derive(Default)]
+struct Found {
+    findings: Vec<Finding>,
+    unsettled: Vec<Unsettled>,
+}
+
+/// One recorded event version against the current struct, with what every
+/// message about it says.
+struct Versions<'e> {
+    recorded: &'e EventEntry,
+    actual: &'e EventEntry,
+    lock_name: &'e str,
+    /// How every message starts (see [`mismatch`]).
+    prefix: String,
+    /// The fix every message gives (see [`bump_fix`]).
+    fix: String,
+}
+
+impl Versions<'_> {
+    /// The message for `problem`.
+    fn render(&self, problem: &Problem<'_>) -> String {
+        Message::new()
+            .push(&self.prefix)
+            .describe(problem)
+            .push(&self.fix)
+            .hint(problem)
+            .as_str()
+            .to_owned()
+    }
+
+    fn report(&self, found: &mut Found, site: Site, problem: &Problem<'_>) {
+        found.findings.push(Finding {
+            site,
+            message: self.render(problem),
+        });
+    }
+
+    /// Compares the recorded field `old` with the current field at `index`
+    /// (the same name).
+    fn compare_field(&self, old: &FieldEntry, index: usize, found: &mut Found) {
+        let new = &self.actual.fields[index];
+        let (old_json, new_json) = (
+            json_of(&old.ty, &self.recorded.types),
+            json_of(&new.ty, &self.actual.types),
+        );
+        let shape = new.shape(&new_json);
+        let Some(problem) = field_problem("", "", &old.shape(&old_json), &shape) else {
+            return;
+        };
+        if problem.change == Change::TypeChanged && has_payload_types(new) {
+            found.unsettled.push(Unsettled {
+                field: index,
+                recorded_field: old.name.clone(),
+                message: self.render(&problem),
+                recorded: old_json,
+                actual: new_json,
+                nested_prefix: mismatch(self.recorded, self.lock_name, Some(&old.name)),
+                fix: self.fix.clone(),
+            });
+        } else {
+            self.report(found, Site::Field(index), &problem);
+        }
+    }
 }
 
 /// Pushes a finding for every incompatible change from `recorded` to
 /// `actual` (the same event version), and every type change only the
 /// compiler can settle. `next` is the version to bump to.
-fn compare_fields(
-    recorded: &EventEntry,
-    actual: &EventEntry,
-    next: u32,
-    lock_name: &str,
-    found: &mut Found<'_>,
-) {
-    let prefix = mismatch(recorded, lock_name, None);
-    let fix = bump_fix(next);
-    let render = |problem: &Problem<'_>| {
-        Message::new()
-            .push(&prefix)
-            .describe(problem)
-            .push(&fix)
-            .hint(problem)
-            .as_str()
-            .to_owned()
+fn compare_fields(recorded: &EventEntry, actual: &EventEntry, next: u32, lock_name: &str) -> Found {
+    let mut found = Found::default();
+    let versions = Versions {
+        recorded,
+        actual,
+        lock_name,
+        prefix: mismatch(recorded, lock_name, None),
+        fix: bump_fix(next),
     };
-    let findings = &mut *found.findings;
-    let report = |findings: &mut Vec<Finding>, site, problem: &Problem<'_>| {
-        findings.push(Finding {
-            site,
-            message: render(problem),
-        });
-    };
-
     if recorded.rename_all != actual.rename_all {
         let problem = Problem {
             change: Change::RenameAllChanged,
@@ -241,8 +289,8 @@ fn compare_fields(
             to: actual.rename_all.as_deref().unwrap_or(""),
         };
         // Every name moved; per-field findings would only repeat this one.
-        report(findings, Site::RenameAll, &problem);
-        return;
+        versions.report(&mut found, Site::RenameAll, &problem);
+        return found;
     }
 
     let position = |name: &str| actual.fields.iter().position(|field| field.name == name);
@@ -257,31 +305,10 @@ fn compare_fields(
     let mut renamed_to = Vec::new();
     for old in &recorded.fields {
         if let Some(index) = position(&old.name) {
-            let new = &actual.fields[index];
-            let (old_json, new_json) = (
-                json_of(&old.ty, &recorded.types),
-                json_of(&new.ty, &actual.types),
-            );
-            let shape = new.shape(&new_json);
-            let Some(problem) = field_problem("", "", &old.shape(&old_json), &shape) else {
-                continue;
-            };
-            if problem.change == Change::TypeChanged && has_payload_types(new) {
-                found.unsettled.push(Unsettled {
-                    field: index,
-                    recorded_field: old.name.clone(),
-                    recorded: old_json.clone(),
-                    actual: new_json.clone(),
-                    message: render(&problem),
-                    nested_prefix: mismatch(recorded, lock_name, Some(&old.name)),
-                    fix: fix.clone(),
-                });
-            } else {
-                report(findings, Site::Field(index), &problem);
-            }
+            versions.compare_field(old, index, &mut found);
         } else {
             let (site, problem) = gone_field(old, recorded, actual, &unrecorded, &mut renamed_to);
-            report(findings, site, &problem);
+            versions.report(&mut found, site, &problem);
         }
     }
     for index in unrecorded {
@@ -297,12 +324,13 @@ fn compare_fields(
             from: "",
             to: "",
         };
-        report(findings, Site::Field(index), &problem);
+        versions.report(&mut found, Site::Field(index), &problem);
     }
-    findings.sort_by_key(|finding| match finding.site {
+    found.findings.sort_by_key(|finding| match finding.site {
         Site::Field(index) => index,
         _ => usize::MAX,
     });
+    found
 }
 
 /// Whether `field`'s type names payload types, whose shapes may make it
