@@ -367,6 +367,7 @@ mod tests {
     fn sources(text: &str) -> Sources {
         let mut sources = Sources::default();
         sources.add_file(Path::new("src/lib.rs"), text).unwrap();
+        sources.resolve_aliases();
         sources
     }
 
@@ -532,6 +533,25 @@ mod tests {
             "{:?}",
             outcome.errors
         );
+    }
+
+    #[test]
+    fn aliases_are_recorded_as_what_they_name() {
+        let aliased = V1
+            .replace("sku: String,", "sku: Sku,")
+            .replace("lines: Vec<Line>", "lines: Lines")
+            + "\ntype Sku = String;\ntype Lines = Vec<crate::Line>;";
+        let v1 = record_text(&Lock::default(), V1).lock;
+        assert_eq!(record_text(&Lock::default(), &aliased).lock, v1);
+        let outcome = record_text(&v1, &aliased);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert!(outcome.changes.is_empty(), "{:?}", outcome.changes);
+        // An alias of another JSON type is a breaking change.
+        let outcome = record_text(
+            &v1,
+            &aliased.replace("type Sku = String;", "type Sku = u64;"),
+        );
+        assert_eq!(outcome.errors.len(), 1, "{:?}", outcome.errors);
     }
 
     #[test]

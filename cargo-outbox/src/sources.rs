@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use syn::visit::Visit;
+use syn::visit_mut::VisitMut;
 use syn::{Attribute, DeriveInput};
 
 /// A struct or enum found in a source file.
@@ -32,6 +33,8 @@ pub struct Sources {
     pub payloads: BTreeMap<String, Vec<Item>>,
     /// Every other struct or enum, by name: where it is.
     pub other_types: BTreeMap<String, String>,
+    /// `type Name = ..;` aliases without parameters, by name.
+    pub aliases: BTreeMap<String, syn::Type>,
 }
 
 /// Reads every `.rs` file under `dirs` (relative to `crate_dir`; missing
@@ -49,6 +52,7 @@ pub fn scan(crate_dir: &Path, dirs: &[PathBuf]) -> anyhow::Result<Sources> {
         let file = path.strip_prefix(crate_dir).unwrap_or(&path);
         sources.add_file(file, &text)?;
     }
+    sources.resolve_aliases();
     Ok(sources)
 }
 
@@ -70,6 +74,55 @@ impl Sources {
         };
         visitor.visit_file(&syntax);
         Ok(())
+    }
+}
+
+impl Sources {
+    /// Spells every alias in the fields of events and payload types as the
+    /// type it names, as the lock records it: `quantity: Quantity` for
+    /// `type Quantity = u32;` is recorded as `u32` (the derive, which sees
+    /// `Quantity`, reaches `u32`'s shape through `EventPayload`).
+    pub fn resolve_aliases(&mut self) {
+        if self.aliases.is_empty() {
+            return;
+        }
+        let mut resolver = Resolver {
+            aliases: &self.aliases,
+            depth: 0,
+        };
+        let items = self
+            .events
+            .iter_mut()
+            .chain(self.payloads.values_mut().flatten());
+        for item in items {
+            resolver.visit_derive_input_mut(&mut item.input);
+        }
+    }
+}
+
+/// Replaces aliases in types with what they name.
+struct Resolver<'a> {
+    aliases: &'a BTreeMap<String, syn::Type>,
+    /// Aliases being replaced inside one another; a cycle stops at 16.
+    depth: usize,
+}
+
+impl VisitMut for Resolver<'_> {
+    fn visit_type_mut(&mut self, ty: &mut syn::Type) {
+        if let syn::Type::Path(path) = ty
+            && path.qself.is_none()
+            && let Some(last) = path.path.segments.last()
+            && last.arguments.is_empty()
+            && let Some(named) = self.aliases.get(&outbox_schema::attr::unraw(&last.ident))
+            && self.depth < 16
+        {
+            *ty = named.clone();
+            self.depth += 1;
+            self.visit_type_mut(ty);
+            self.depth -= 1;
+            return;
+        }
+        syn::visit_mut::visit_type_mut(self, ty);
     }
 }
 
@@ -126,6 +179,14 @@ impl<'ast> Visit<'ast> for Collector<'_> {
     fn visit_item_enum(&mut self, item: &'ast syn::ItemEnum) {
         self.add(item.clone().into());
         syn::visit::visit_item_enum(self, item);
+    }
+
+    fn visit_item_type(&mut self, item: &'ast syn::ItemType) {
+        if item.generics.params.is_empty() {
+            let name = outbox_schema::attr::unraw(&item.ident);
+            self.sources.aliases.insert(name, (*item.ty).clone());
+        }
+        syn::visit::visit_item_type(self, item);
     }
 }
 

@@ -44,6 +44,7 @@ mod event;
 pub mod hooks;
 mod outbox_event;
 mod transaction;
+mod well_known;
 
 pub use active_model::ActiveModelOutboxExt;
 pub use append::{AppendedEvent, OUTBOX_TABLE, SEQUENCE_TABLE, append, append_transient};

@@ -6,9 +6,8 @@ use outbox_schema::ctxt::Ctxt;
 use outbox_schema::model::Payload;
 use outbox_schema::ty;
 use proc_macro2::TokenStream;
-use quote::{quote, quote_spanned};
+use quote::quote;
 use syn::DeriveInput;
-use syn::spanned::Spanned;
 
 use crate::shape_tokens;
 
@@ -37,10 +36,7 @@ pub fn derive_event_payload(input: &DeriveInput) -> Result<TokenStream, Vec<syn:
             // A reference to the type itself would make its constant
             // depend on itself; the recorded shape leaves it out too.
             .filter(|inner| ty::payload_name(inner) != name)
-            .map(|inner| {
-                let inner = shape_tokens::with_static_lifetimes(inner);
-                quote_spanned!(inner.span()=> <#inner as ::outbox_core::EventPayload>::SHAPE)
-            })
+            .map(shape_tokens::current)
             .collect()
     });
 

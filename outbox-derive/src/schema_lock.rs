@@ -116,10 +116,7 @@ fn settle_check(
     let actual_types = field
         .payload_types(&event.type_params())
         .into_iter()
-        .map(|inner| {
-            let inner = with_static_lifetimes(inner);
-            quote_spanned!(inner.span()=> <#inner as ::outbox_core::EventPayload>::SHAPE)
-        });
+        .map(shape_tokens::current);
     let (json, actual, message) = (&unsettled.recorded, &unsettled.actual, &unsettled.message);
     let (nested_prefix, fix) = (&unsettled.nested_prefix, &unsettled.fix);
     let span = field.ty.span();

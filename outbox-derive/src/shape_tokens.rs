@@ -7,8 +7,9 @@ use outbox_schema::schema_lock::{FieldEntry, TypeEntry, json_of};
 use outbox_schema::shape::Kind;
 use outbox_schema::ty;
 use proc_macro2::TokenStream;
-use quote::quote;
+use quote::{quote, quote_spanned};
 use syn::Type;
+use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 
 /// `ty` with every lifetime replaced by `'static`, so it can be named in a
@@ -23,6 +24,21 @@ pub fn with_static_lifetimes(ty: &Type) -> Type {
     let mut ty = ty.clone();
     Static.visit_type_mut(&mut ty);
     ty
+}
+
+/// The current shape of the payload type `inner` (as written in a field),
+/// under the name the field spells it with: `<Quantity as EventPayload>`
+/// for `type Quantity = u32;` is `u32`'s shape, which a `wire` spelling
+/// names `Quantity`.
+pub fn current(inner: &Type) -> TokenStream {
+    let name = ty::payload_name(inner);
+    let inner = with_static_lifetimes(inner);
+    quote_spanned! {inner.span()=>
+        &::outbox_core::shape::TypeShape {
+            name: #name,
+            ..*<#inner as ::outbox_core::EventPayload>::SHAPE
+        }
+    }
 }
 
 /// `outbox_core::shape::Kind::..`.
