@@ -5,11 +5,13 @@
 
 use std::collections::BTreeMap;
 
-use outbox_schema::compare::{self, Site, Status, Unsettled};
+use outbox_schema::compare::{self, ObjectCheck, Site, Status, Unsettled};
 use outbox_schema::ctxt::Ctxt;
 use outbox_schema::model::{Event, Payload};
-use outbox_schema::schema_lock::{EventEntry, Lock, TypeEntry, json_of};
-use outbox_schema::shape::{FieldShape, TypeShape, VariantShape, nested_mismatch, settle_mismatch};
+use outbox_schema::schema_lock::{EventEntry, FieldEntry, Lock, TypeEntry, json_of};
+use outbox_schema::shape::{
+    FieldShape, TypeShape, VariantShape, nested_mismatch, object_mismatch, settle_mismatch,
+};
 use outbox_schema::ty;
 
 use crate::sources::{Item, Sources};
@@ -68,6 +70,16 @@ pub fn record(sources: &Sources, lock: &Lock, lock_name: &str) -> Outcome {
             }
         }
         let mut status = verdict.status;
+        if let Some(check) = &verdict.object
+            && let Some(message) =
+                object_change(lock.entry(&actual.event, actual.version), &actual, check)
+        {
+            outcome.errors.push(format!(
+                "{}: {message}",
+                item.location(event.attrs.version_span)
+            ));
+            status = Status::Rejected;
+        }
         for unsettled in &verdict.unsettled {
             let recorded = lock.entry(&actual.event, actual.version);
             if let Some(message) = settle(recorded, &actual, unsettled) {
@@ -305,37 +317,7 @@ fn leak_shape(
 ) -> Option<&'static TypeShape<'static>> {
     let entry = types.get(name)?;
     path.push(name.to_owned());
-    let leak = |text: &str| -> &'static str { Box::leak(text.to_owned().into_boxed_str()) };
-    let fields =
-        |fields: &[outbox_schema::schema_lock::FieldEntry]| -> &'static [FieldShape<'static>] {
-            let shapes: Vec<FieldShape<'static>> = fields
-                .iter()
-                .map(|field| {
-                    let nested: Vec<&'static TypeShape<'static>> = if field.opaque {
-                        Vec::new()
-                    } else {
-                        ty::payload_names_in(&field.ty, &[])
-                            .iter()
-                            .filter(|inner| !path.contains(inner))
-                            .filter_map(|inner| leak_shape(inner, types, &mut path.clone()))
-                            .collect()
-                    };
-                    FieldShape {
-                        name: leak(&field.name),
-                        rust_name: leak(field.rust_name()),
-                        ty: leak(&field.ty),
-                        wire: leak(&json_of(&field.ty, types)),
-                        optional: field.optional,
-                        default: field.default,
-                        flatten: field.flatten,
-                        omittable: field.omittable,
-                        types: Box::leak(nested.into_boxed_slice()),
-                    }
-                })
-                .collect();
-            Box::leak(shapes.into_boxed_slice())
-        };
-    let struct_fields = fields(&entry.fields);
+    let struct_fields = leak_fields(&entry.fields, types, path);
     let variants: Vec<VariantShape<'static>> = entry
         .variants
         .iter()
@@ -343,7 +325,7 @@ fn leak_shape(
             name: leak(&variant.name),
             rust_name: leak(variant.rust_name()),
             kind: variant.kind,
-            fields: fields(&variant.fields),
+            fields: leak_fields(&variant.fields, types, path),
         })
         .collect();
     let shape = TypeShape {
@@ -356,6 +338,62 @@ fn leak_shape(
     };
     path.pop();
     Some(Box::leak(Box::new(shape)))
+}
+
+/// The shapes of `fields`, whose payload types are in `types` (those in
+/// `path`, being expanded, left out), as the derive builds them. Leaked.
+fn leak_fields(
+    fields: &[FieldEntry],
+    types: &BTreeMap<String, TypeEntry>,
+    path: &[String],
+) -> &'static [FieldShape<'static>] {
+    let shapes: Vec<FieldShape<'static>> = fields
+        .iter()
+        .map(|field| {
+            let nested: Vec<&'static TypeShape<'static>> = if field.opaque {
+                Vec::new()
+            } else {
+                ty::payload_names_in(&field.ty, &[])
+                    .iter()
+                    .filter(|inner| !path.contains(inner))
+                    .filter_map(|inner| leak_shape(inner, types, &mut path.to_vec()))
+                    .collect()
+            };
+            FieldShape {
+                name: leak(&field.name),
+                rust_name: leak(field.rust_name()),
+                ty: leak(&field.ty),
+                wire: leak(&json_of(&field.ty, types)),
+                optional: field.optional,
+                default: field.default,
+                flatten: field.flatten,
+                omittable: field.omittable,
+                types: Box::leak(nested.into_boxed_slice()),
+            }
+        })
+        .collect();
+    Box::leak(shapes.into_boxed_slice())
+}
+
+fn leak(text: &str) -> &'static str {
+    Box::leak(text.to_owned().into_boxed_str())
+}
+
+/// What the keys of `actual`'s JSON object changed since `recorded`'s
+/// (an event that flattens a payload type), as the derive settles it.
+fn object_change(
+    recorded: Option<&EventEntry>,
+    actual: &EventEntry,
+    check: &ObjectCheck,
+) -> Option<String> {
+    let recorded = recorded?;
+    object_mismatch(
+        leak_fields(&recorded.fields, &recorded.types, &[]),
+        leak_fields(&actual.fields, &actual.types, &[]),
+        &check.prefix,
+        &check.fix,
+    )
+    .map(|message| message.as_str().to_owned())
 }
 
 #[cfg(test)]
@@ -552,6 +590,31 @@ mod tests {
             &aliased.replace("type Sku = String;", "type Sku = u64;"),
         );
         assert_eq!(outcome.errors.len(), 1, "{:?}", outcome.errors);
+    }
+
+    #[test]
+    fn fields_may_move_into_a_flattened_struct() {
+        let v1 = record_text(&Lock::default(), V1).lock;
+        let moved = V1.replace(
+            "struct OrderPlaced { order_id: i64, lines: Vec<Line>,",
+            "struct OrderPlaced { #[serde(flatten)] head: Head,",
+        ) + "\n#[derive(EventPayload)] struct Head { order_id: i64, lines: Vec<Line> }";
+        let outcome = record_text(&v1, &moved);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        let entry = outcome.lock.entry("OrderPlaced", 1).unwrap();
+        assert!(entry.fields[0].flatten && entry.types.contains_key("Head"));
+
+        let lost = moved.replace("struct Head { order_id: i64,", "struct Head {");
+        let outcome = record_text(&v1, &lost);
+        assert_eq!(outcome.lock, v1, "nothing is recorded");
+        assert_eq!(
+            outcome.errors,
+            [
+                "src/lib.rs:10: `OrderPlaced` version 1 no longer matches outbox.lock: field \
+                 `order_id` was removed; bump to `version = 2` and run `cargo outbox lock`, or \
+                 keep the field"
+            ]
+        );
     }
 
     #[test]

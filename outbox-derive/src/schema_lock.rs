@@ -12,11 +12,16 @@
 //! - for an event that matches its entry, a constant per payload type nested
 //!   in a field that compares the type's `EventPayload::SHAPE` with its
 //!   recorded shape during constant evaluation (only the compiler sees
-//!   those types), and one that requires `EventPayload` of every other.
+//!   those types), and one that requires `EventPayload` of every other;
+//! - a constant per field whose type changed its spelling in a way only
+//!   those shapes can settle (a newtype, an alias, a copy of a recorded
+//!   payload type under another name: `compare::Unsettled`), and one for
+//!   the keys of an event that flattens a payload type
+//!   (`compare::ObjectCheck`).
 
 use std::path::{Path, PathBuf};
 
-use outbox_schema::compare::{self, Site, Status, Unsettled};
+use outbox_schema::compare::{self, ObjectCheck, Site, Status, Unsettled};
 use outbox_schema::model::Event;
 use outbox_schema::schema_lock::{EventEntry, LOCK_ENV, LOCK_FILE, Lock, RECORD_COMMAND};
 use outbox_schema::ty;
@@ -88,8 +93,47 @@ pub fn check_event(event: &Event<'_>) -> TokenStream {
         .unsettled
         .iter()
         .map(|unsettled| settle_check(event, recorded, unsettled));
+    let object = match (&verdict.object, recorded) {
+        (Some(check), Some(recorded)) => object_check(event, recorded, check),
+        _ => TokenStream::new(),
+    };
     let include = include_lock(&path);
-    quote!(#(#errors)* #nested #(#settle)* #include #track_env)
+    quote!(#(#errors)* #nested #(#settle)* #object #include #track_env)
+}
+
+/// A constant that compares the keys of the event's JSON object with the
+/// recorded ones once the flattened payload types are known, and fails the
+/// build with what changed (`shape::object_mismatch`).
+fn object_check(event: &Event<'_>, recorded: &EventEntry, check: &ObjectCheck) -> TokenStream {
+    if !event.type_params().is_empty() {
+        // A type parameter's payload types are only known per use.
+        return TokenStream::new();
+    }
+    let recorded_fields = shape_tokens::recorded_fields(recorded);
+    // The fields of the model and of its entry are in the same order.
+    let mut sources = event.fields.iter();
+    let actual_fields = shape_tokens::current_fields(&event.entry().fields, &mut |_| {
+        sources.next().map_or_else(Vec::new, |field| {
+            field
+                .payload_types(&[])
+                .into_iter()
+                .map(shape_tokens::current)
+                .collect()
+        })
+    });
+    let (prefix, fix) = (&check.prefix, &check.fix);
+    let span = event.attrs.version_span;
+    quote_spanned! {span=>
+        const _: () = match ::outbox_core::shape::object_mismatch(
+            #recorded_fields,
+            #actual_fields,
+            #prefix,
+            #fix,
+        ) {
+            ::core::option::Option::Some(message) => ::core::panic!("{}", message.as_str()),
+            ::core::option::Option::None => (),
+        };
+    }
 }
 
 /// A constant that compares a field's type with its recorded JSON type

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use outbox_schema::schema_lock::{FieldEntry, TypeEntry, json_of};
+use outbox_schema::schema_lock::{EventEntry, FieldEntry, TypeEntry, json_of};
 use outbox_schema::shape::Kind;
 use outbox_schema::ty;
 use proc_macro2::TokenStream;
@@ -122,6 +122,32 @@ fn fields(
         });
     }
     quote!(&[#(#shapes),*])
+}
+
+/// The recorded fields of an event version, as a `&[FieldShape]`
+/// expression with the recorded shapes of their payload types.
+pub fn recorded_fields(entry: &EventEntry) -> TokenStream {
+    let wire = |ty: &str| json_of(ty, &entry.types);
+    fields(&entry.fields, &wire, &mut |field| {
+        if field.opaque {
+            return Vec::new();
+        }
+        ty::payload_names_in(&field.ty, &[])
+            .iter()
+            .filter_map(|inner| recorded(inner, &entry.types, &mut Vec::new()))
+            .map(|shape| quote!(&#shape))
+            .collect()
+    })
+}
+
+/// The current fields `entries` of a struct, as a `&[FieldShape]`
+/// expression whose nested payload types are the `&TypeShape` expressions
+/// `nested` returns for each field.
+pub fn current_fields(
+    entries: &[FieldEntry],
+    nested: &mut dyn FnMut(&FieldEntry) -> Vec<TokenStream>,
+) -> TokenStream {
+    fields(entries, &ty::wire_of, nested)
 }
 
 /// The recorded shape of the payload type `name`, with the recorded shapes

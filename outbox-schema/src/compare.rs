@@ -67,6 +67,20 @@ pub struct Verdict {
     /// compiles, the lock command with every type's shape
     /// (`shape::json_eq`).
     pub unsettled: Vec<Unsettled>,
+    /// The recorded or the current struct flattens a payload type, so
+    /// which keys its JSON object holds is settled as [`Verdict::unsettled`]
+    /// is, comparing the two field lists as objects
+    /// (`shape::object_mismatch`), with these message parts.
+    pub object: Option<ObjectCheck>,
+}
+
+/// How to settle the keys of an event that flattens a payload type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectCheck {
+    /// How its message starts (see [`mismatch`]).
+    pub prefix: String,
+    /// The fix it gives (see [`bump_fix`]).
+    pub fix: String,
 }
 
 /// A field's type to compare once the payload types inside it are known.
@@ -95,6 +109,7 @@ pub fn check_event(lock: &Lock, actual: &EventEntry, lock_name: &str) -> Verdict
     let versions = lock.versions(&actual.event);
     let mut findings = Vec::new();
     let mut unsettled = Vec::new();
+    let mut object = None;
     findings.extend(moved_aggregate(&versions, actual, lock_name));
     let latest = versions.iter().map(|entry| entry.version).max();
     let status = match (
@@ -105,6 +120,7 @@ pub fn check_event(lock: &Lock, actual: &EventEntry, lock_name: &str) -> Verdict
             let found = compare_fields(recorded, actual, latest + 1, lock_name);
             findings.extend(found.findings);
             unsettled = found.unsettled;
+            object = found.object;
             if !findings.is_empty() {
                 Status::Rejected
             } else if recorded.rename_all == actual.rename_all
@@ -158,6 +174,7 @@ pub fn check_event(lock: &Lock, actual: &EventEntry, lock_name: &str) -> Verdict
         status,
         findings,
         unsettled,
+        object,
     }
 }
 
@@ -206,6 +223,7 @@ pub fn bump_fix(next: u32) -> String {
 struct Found {
     findings: Vec<Finding>,
     unsettled: Vec<Unsettled>,
+    object: Option<ObjectCheck>,
 }
 
 /// One recorded event version against the current struct, with what every
@@ -251,7 +269,10 @@ impl Versions<'_> {
         let Some(problem) = field_problem("", "", &old.shape(&old_json), &shape) else {
             return;
         };
-        if problem.change == Change::TypeChanged && has_payload_types(new) {
+        if problem.change == Change::TypeChanged
+            && has_payload_types(new)
+            && ty::could_be(&old_json, &new_json)
+        {
             found.unsettled.push(Unsettled {
                 field: index,
                 recorded_field: old.name.clone(),
@@ -263,6 +284,27 @@ impl Versions<'_> {
             });
         } else {
             self.report(found, Site::Field(index), &problem);
+        }
+    }
+
+    /// Compares an event that flattens a payload type: which keys its
+    /// object holds depends on the flattened types, so that is left to
+    /// [`Verdict::object`]; fields kept under their name are compared here.
+    fn compare_flattening(&self, found: &mut Found) {
+        found.object = Some(ObjectCheck {
+            prefix: self.prefix.clone(),
+            fix: self.fix.clone(),
+        });
+        for (index, field) in self.actual.fields.iter().enumerate() {
+            if let Some(old) = self
+                .recorded
+                .fields
+                .iter()
+                .find(|old| old.name == field.name)
+                && old.flatten == field.flatten
+            {
+                self.compare_field(old, index, found);
+            }
         }
     }
 }
@@ -293,6 +335,15 @@ fn compare_fields(recorded: &EventEntry, actual: &EventEntry, next: u32, lock_na
         return found;
     }
 
+    if recorded
+        .fields
+        .iter()
+        .chain(&actual.fields)
+        .any(|field| field.flatten)
+    {
+        versions.compare_flattening(&mut found);
+        return found;
+    }
     let position = |name: &str| actual.fields.iter().position(|field| field.name == name);
     let unrecorded: Vec<usize> = (0..actual.fields.len())
         .filter(|&i| {
@@ -545,7 +596,7 @@ mod tests {
         );
 
         // With the newtype's shape (the lock command), it is spelled as
-        // what it holds, so equal; another type is left to settle.
+        // what it holds: equal, or plainly another type.
         let mut known = actual.clone();
         known.types.insert("OrderId".into(), newtype("i64"));
         let verdict = check_event(&lock, &known, "outbox.lock");
@@ -559,7 +610,25 @@ mod tests {
         );
         known.types.insert("OrderId".into(), newtype("String"));
         let verdict = check_event(&lock, &known, "outbox.lock");
-        assert_eq!(verdict.unsettled[0].actual, "String");
+        assert_eq!(
+            (
+                verdict.status,
+                verdict.findings.len(),
+                verdict.unsettled.len()
+            ),
+            (Status::Rejected, 1, 0)
+        );
+
+        // A type no payload type can make the recorded one is refused at once.
+        let wrapped = event(
+            1,
+            vec![
+                field("order_id", "Vec<OrderId>"),
+                field("customer", "String"),
+            ],
+        );
+        let verdict = check_event(&lock, &wrapped, "outbox.lock");
+        assert_eq!((verdict.findings.len(), verdict.unsettled.len()), (1, 0));
 
         // And back: the newtype recorded, its field's type now.
         let lock = super::Lock {

@@ -193,6 +193,30 @@ pub const fn settle_mismatch(
     }
 }
 
+/// What the fields of an event changed as a JSON object since the
+/// recorded ones (see [`fields_problem`]), as a message: `prefix`, what
+/// changed, `fix` and the way to keep the old shape; `None` if readers of
+/// the recorded version read it. The code `#[derive(DomainEvent)]`
+/// generates for an event that flattens a payload type panics with it.
+pub const fn object_mismatch(
+    recorded: &[FieldShape<'_>],
+    actual: &[FieldShape<'_>],
+    prefix: &str,
+    fix: &str,
+) -> Option<Message> {
+    match fields_problem("", "", recorded, actual) {
+        Some(problem) => Some(
+            Message::new()
+                .push(prefix)
+                .location(&problem)
+                .describe(&problem)
+                .push(fix)
+                .hint(&problem),
+        ),
+        None => None,
+    }
+}
+
 /// How deep newtypes may hold newtypes before [`json_eq`] gives up.
 const NEWTYPE_DEPTH: usize = 16;
 
@@ -442,53 +466,200 @@ const fn find_field<'a, 'b>(
     None
 }
 
+/// The struct a `#[serde(flatten)]` field writes its fields from, if it is
+/// one whose shape is known (a flattened map takes any keys and is
+/// compared as a field).
+const fn flattened<'a>(field: &FieldShape<'a>) -> Option<&'a TypeShape<'a>> {
+    match field.types {
+        [inner] if field.flatten && matches!(inner.kind, Kind::Struct) => Some(*inner),
+        _ => None,
+    }
+}
+
+/// How deep flattened structs may nest before the comparison stops
+/// looking into them.
+const FLATTEN_DEPTH: usize = 16;
+
+/// The field of `fields` whose key is `name` in the JSON object they
+/// write, looking into flattened structs; made optional and omittable when
+/// a flattened `Option` on the way may leave it out.
+const fn find_key<'a>(
+    fields: &[FieldShape<'a>],
+    name: &str,
+    depth: usize,
+) -> Option<FieldShape<'a>> {
+    let mut i = 0;
+    while i < fields.len() {
+        let field = &fields[i];
+        if let Some(inner) = flattened(field) {
+            if depth < FLATTEN_DEPTH
+                && let Some(mut found) = find_key(inner.fields, name, depth + 1)
+            {
+                // Readers fill it in, and writers may leave it out.
+                found.optional |= field.optional;
+                found.omittable |= field.optional;
+                return Some(found);
+            }
+        } else if str_eq(field.name, name) {
+            return Some(*field);
+        }
+        i += 1;
+    }
+    None
+}
+
 /// The first incompatible change from the `recorded` fields to the `actual`
-/// ones, looking into nested payload types.
+/// ones, looking into nested payload types. They are compared as the JSON
+/// object they write: the fields of a flattened struct are keys of that
+/// object, so fields may move into or out of one.
 pub const fn fields_problem<'a>(
     ty: &'a str,
     variant: &'a str,
     recorded: &[FieldShape<'a>],
     actual: &[FieldShape<'a>],
 ) -> Option<Problem<'a>> {
-    let mut i = 0;
-    while i < recorded.len() {
-        let old = &recorded[i];
-        let Some(new) = find_field(actual, old.name) else {
-            return Some(Problem::new(Change::FieldRemoved, ty, variant, old.name));
-        };
-        if let Some(problem) = field_problem(ty, variant, old, new) {
-            return Some(problem);
-        }
-        // Nested types pair up by name: the same type is the same name.
-        let mut t = 0;
-        while t < old.types.len() {
-            let mut u = 0;
-            while u < new.types.len() {
-                if str_eq(old.types[t].name, new.types[u].name)
-                    && let Some(problem) = first_problem(old.types[t], new.types[u])
-                {
-                    return Some(problem);
-                }
-                u += 1;
+    let keys = Keys {
+        ty,
+        variant,
+        recorded,
+        actual,
+    };
+    match keys.recorded_problem(recorded, 0) {
+        Some(problem) => Some(problem),
+        None => keys.new_problem(actual, false, 0),
+    }
+}
+
+/// The two field lists [`fields_problem`] compares, as JSON objects.
+struct Keys<'k, 'a> {
+    ty: &'a str,
+    variant: &'a str,
+    recorded: &'k [FieldShape<'a>],
+    actual: &'k [FieldShape<'a>],
+}
+
+impl<'a> Keys<'_, 'a> {
+    /// The first recorded key among `fields` (of the recorded object, at
+    /// flattening `depth`) gone or changed in the actual object.
+    const fn recorded_problem(
+        &self,
+        fields: &[FieldShape<'a>],
+        depth: usize,
+    ) -> Option<Problem<'a>> {
+        let (ty, variant) = (self.ty, self.variant);
+        let mut i = 0;
+        while i < fields.len() {
+            let old = &fields[i];
+            i += 1;
+            // A key of this name that gained or lost `flatten` is reported so.
+            if let Some(same) = find_field(self.actual, old.name)
+                && same.flatten != old.flatten
+                && depth == 0
+            {
+                return field_problem(ty, variant, old, same);
             }
-            t += 1;
+            if let Some(inner) = flattened(old)
+                && depth < FLATTEN_DEPTH
+            {
+                match self.recorded_problem(inner.fields, depth + 1) {
+                    Some(problem) => return Some(problem),
+                    None => continue,
+                }
+            }
+            let Some(new) = find_key(self.actual, old.name, 0) else {
+                return Some(self.gone(old));
+            };
+            let mut old = *old;
+            if depth > 0 {
+                // Within a flattened struct, `flatten` itself is not compared.
+                old.flatten = new.flatten;
+            }
+            if let Some(problem) = field_problem(ty, variant, &old, &new) {
+                return Some(problem);
+            }
+            // Nested types pair up by name: the same type is the same name.
+            let mut t = 0;
+            while t < old.types.len() {
+                let mut u = 0;
+                while u < new.types.len() {
+                    if str_eq(old.types[t].name, new.types[u].name)
+                        && let Some(problem) = first_problem(old.types[t], new.types[u])
+                    {
+                        return Some(problem);
+                    }
+                    u += 1;
+                }
+                t += 1;
+            }
         }
-        i += 1;
+        None
     }
-    let mut j = 0;
-    while j < actual.len() {
-        let new = &actual[j];
-        if find_field(recorded, new.name).is_none() && !new.tolerant() {
-            return Some(Problem::new(
-                Change::NewRequiredField,
-                ty,
-                variant,
-                new.name,
-            ));
+
+    /// What became of the recorded field `old`, gone under its key:
+    /// renamed if an unrecorded field of the actual object has its Rust name,
+    /// or is the only unrecorded one written as its type; else removed.
+    const fn gone(&self, old: &FieldShape<'a>) -> Problem<'a> {
+        let (mut same_rust, mut same_type, mut same_types) = (None, None, 0);
+        let mut j = 0;
+        while j < self.actual.len() {
+            let new = &self.actual[j];
+            j += 1;
+            if new.flatten || find_key(self.recorded, new.name, 0).is_some() {
+                continue;
+            }
+            if str_eq(new.rust_name, old.rust_name) {
+                same_rust = Some(new);
+            }
+            if json_eq(old.wire, old.types, new.wire, new.types) {
+                same_type = Some(new);
+                same_types += 1;
+            }
         }
-        j += 1;
+        let renamed = match (same_rust, same_type) {
+            (Some(new), _) => Some(new),
+            (None, Some(new)) if same_types == 1 => Some(new),
+            _ => None,
+        };
+        match renamed {
+            Some(new) => Problem::new(Change::FieldRenamed, self.ty, self.variant, new.name)
+                .between(old.name, new.name),
+            None => Problem::new(Change::FieldRemoved, self.ty, self.variant, old.name),
+        }
     }
-    None
+
+    /// The first key among `fields` (of the actual object) that readers of
+    /// the recorded object cannot fill in; `optional` when a flattened
+    /// `Option` on the way may leave them all out.
+    const fn new_problem(
+        &self,
+        fields: &[FieldShape<'a>],
+        optional: bool,
+        depth: usize,
+    ) -> Option<Problem<'a>> {
+        let mut j = 0;
+        while j < fields.len() {
+            let new = &fields[j];
+            j += 1;
+            if let Some(inner) = flattened(new)
+                && depth < FLATTEN_DEPTH
+            {
+                match self.new_problem(inner.fields, optional || new.optional, depth + 1) {
+                    Some(problem) => return Some(problem),
+                    None => continue,
+                }
+            }
+            if find_key(self.recorded, new.name, 0).is_none() && !new.tolerant() && !optional {
+                let name = new.name;
+                return Some(Problem::new(
+                    Change::NewRequiredField,
+                    self.ty,
+                    self.variant,
+                    name,
+                ));
+            }
+        }
+        None
+    }
 }
 
 /// The first incompatible change from `recorded` to `actual`, if any.
@@ -921,6 +1092,115 @@ mod tests {
             ..changed
         };
         assert!(json_eq("Money", &[&recorded], "Money", &[&same_name]));
+    }
+
+    #[test]
+    fn fields_may_move_into_and_out_of_a_flattened_struct() {
+        const INNER_FIELDS: [FieldShape<'static>; 2] =
+            [field("street", "String"), field("city", "String")];
+        const INNER: TypeShape<'static> = TypeShape {
+            name: "Address",
+            kind: Kind::Struct,
+            rename_all: "",
+            repr: "",
+            fields: &INNER_FIELDS,
+            variants: &[],
+        };
+        const INNER_TYPES: [&TypeShape<'static>; 1] = [&INNER];
+        let flat = |optional| FieldShape {
+            flatten: true,
+            optional,
+            types: &INNER_TYPES,
+            ..field(
+                "address",
+                if optional {
+                    "Option<Address>"
+                } else {
+                    "Address"
+                },
+            )
+        };
+        let plain = [CENTS, field("street", "String"), field("city", "String")];
+        let moved = [CENTS, flat(false)];
+        assert_eq!(message(&shape(&plain), &shape(&moved)), None);
+        assert_eq!(message(&shape(&moved), &shape(&plain)), None);
+
+        // Keys a flattened `Option` may leave out: fine for new keys, not
+        // for keys readers of the recorded version require.
+        assert_eq!(
+            message(&shape(&plain), &shape(&[CENTS, flat(true)])).as_deref(),
+            Some(
+                "in `Money`, field `street` may now be left out of the JSON \
+                 (`#[serde(skip_serializing_if)]`), but readers of the recorded version require it"
+            )
+        );
+        assert_eq!(
+            message(&shape(&[CENTS]), &shape(&[CENTS, flat(true)])),
+            None
+        );
+        assert_eq!(
+            message(&shape(&[CENTS]), &shape(&moved)).as_deref(),
+            Some(
+                "in `Money`, new field `street` is required (neither `Option<_>` nor \
+                 `#[serde(default)]`), so recorded payloads without it do not decode"
+            )
+        );
+        // A key gone from both places is gone.
+        let fewer_fields = [field("street", "String")];
+        let fewer = TypeShape {
+            fields: &fewer_fields,
+            ..INNER
+        };
+        let fewer_types = [&fewer];
+        let moved_fewer = [
+            CENTS,
+            FieldShape {
+                types: &fewer_types,
+                ..flat(false)
+            },
+        ];
+        assert_eq!(
+            message(&shape(&plain), &shape(&moved_fewer)).as_deref(),
+            Some("in `Money`, field `city` was removed")
+        );
+        // A field of the same name that gained `flatten` is reported so.
+        let same_name = [CENTS, field("address", "Address")];
+        assert_eq!(
+            message(&shape(&same_name), &shape(&moved)).as_deref(),
+            Some("in `Money`, field `address` is now `#[serde(flatten)]`")
+        );
+    }
+
+    #[test]
+    fn a_renamed_field_of_a_nested_type_is_reported_as_a_rename() {
+        let recorded = [CENTS, field("currency", "String")];
+        let renamed_rust = [
+            CENTS,
+            FieldShape {
+                rust_name: "currency",
+                ..field("iso_currency", "String")
+            },
+        ];
+        let renamed_only_string = [CENTS, field("code", "String")];
+        for actual in [&renamed_rust[..], &renamed_only_string[..]] {
+            let got = message(&shape(&recorded), &shape(actual)).unwrap();
+            assert!(
+                got.starts_with("in `Money`, field `currency` was renamed to `"),
+                "{got}"
+            );
+        }
+        let full = first_problem(&shape(&recorded), &shape(&renamed_only_string)).unwrap();
+        let hint = Message::new().hint(&full);
+        assert_eq!(
+            hint.as_str(),
+            "or keep the old name with `#[serde(rename = \"currency\")]`"
+        );
+        // Two new fields of its type: no telling which, so removed.
+        let two = [CENTS, field("code", "String"), field("symbol", "String")];
+        assert_eq!(
+            message(&shape(&recorded), &shape(&two)).as_deref(),
+            Some("in `Money`, field `currency` was removed")
+        );
     }
 
     #[test]

@@ -279,6 +279,67 @@ pub fn wire_of(normalized: &str) -> String {
     }
 }
 
+/// Whether the JSON type spelled `recorded` could be what `actual` writes
+/// once the payload types named in `actual` are known: `actual` spelled
+/// like `recorded` with any type in place of each payload type. `i64` could
+/// be `OrderId` (a newtype) and `Vec<Line>` could be `Vec<LineV1>`, but
+/// `Money` cannot be `Vec<Money>` whatever `Money` is. Both are spellings
+/// as [`wire`] writes them.
+pub fn could_be(recorded: &str, actual: &str) -> bool {
+    match (
+        syn::parse_str::<Type>(recorded),
+        syn::parse_str::<Type>(actual),
+    ) {
+        (Ok(recorded), Ok(actual)) => matches_with_holes(&recorded, &actual),
+        _ => true,
+    }
+}
+
+fn matches_with_holes(recorded: &Type, actual: &Type) -> bool {
+    // A payload type itself is a hole: any type may turn out to be there.
+    if let [only] = payload_types(actual, &[]).as_slice()
+        && std::ptr::eq(*only, actual)
+    {
+        return true;
+    }
+    match (recorded, actual) {
+        (Type::Path(recorded), Type::Path(actual)) => {
+            let (Some(r), Some(a)) = (recorded.path.segments.last(), actual.path.segments.last())
+            else {
+                return false;
+            };
+            let args = |arguments: &PathArguments| -> Vec<GenericArgument> {
+                match arguments {
+                    PathArguments::AngleBracketed(args) => args.args.iter().cloned().collect(),
+                    _ => Vec::new(),
+                }
+            };
+            let (r_args, a_args) = (args(&r.arguments), args(&a.arguments));
+            r.ident == a.ident
+                && r_args.len() == a_args.len()
+                && r_args.iter().zip(&a_args).all(|pair| match pair {
+                    (GenericArgument::Type(r), GenericArgument::Type(a)) => {
+                        matches_with_holes(r, a)
+                    }
+                    (r, a) => compact(r) == compact(a),
+                })
+        }
+        (Type::Tuple(recorded), Type::Tuple(actual)) => {
+            recorded.elems.len() == actual.elems.len()
+                && recorded
+                    .elems
+                    .iter()
+                    .zip(&actual.elems)
+                    .all(|(r, a)| matches_with_holes(r, a))
+        }
+        (Type::Array(recorded), Type::Array(actual)) => {
+            compact(&recorded.len) == compact(&actual.len)
+                && matches_with_holes(&recorded.elem, &actual.elem)
+        }
+        (recorded, actual) => normalize(recorded) == normalize(actual),
+    }
+}
+
 /// The payload types inside `ty`, in the order they appear: the named types
 /// that are neither [`LEAVES`], [`CONTAINERS`] nor one of `generic_params`
 /// (the event's own type parameters, compared by name).
@@ -472,6 +533,28 @@ mod tests {
             ("Vec<Money>", "Map<String, Money>"),
         ] {
             assert_ne!(wire_of(a), wire_of(b), "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn a_payload_type_could_be_any_type_in_its_place() {
+        for (recorded, actual) in [
+            ("i64", "OrderId"),
+            ("Vec<Line>", "Vec<LineV1>"),
+            ("Map<String, Vec<u32>>", "Map<Sku, Lines>"),
+            ("(i64, String)", "(i64, Sku)"),
+            ("Money", "Amount"),
+        ] {
+            assert!(could_be(recorded, actual), "{recorded} vs {actual}");
+        }
+        for (recorded, actual) in [
+            ("Money", "Vec<Money>"),
+            ("Vec<Line>", "Option<LineV1>"),
+            ("(i64, String)", "(Sku,)"),
+            ("[u8; 4]", "[Byte; 8]"),
+            ("i64", "String"),
+        ] {
+            assert!(!could_be(recorded, actual), "{recorded} vs {actual}");
         }
     }
 
