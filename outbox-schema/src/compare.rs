@@ -241,11 +241,7 @@ struct Versions<'e> {
 impl Versions<'_> {
     /// The message for `problem`.
     fn render(&self, problem: &Problem<'_>) -> String {
-        Message::new()
-            .push(&self.prefix)
-            .describe(problem)
-            .push(&self.fix)
-            .hint(problem)
+        Message::report(&self.prefix, problem, &self.fix)
             .as_str()
             .to_owned()
     }

@@ -181,14 +181,7 @@ pub const fn settle_mismatch(
 ) -> Option<Message> {
     match json_mismatch(recorded, recorded_types, actual, actual_types) {
         Ok(()) => None,
-        Err(Some(problem)) => Some(
-            Message::new()
-                .push(nested_prefix)
-                .location(&problem)
-                .describe(&problem)
-                .push(fix)
-                .hint(&problem),
-        ),
+        Err(Some(problem)) => Some(Message::report(nested_prefix, &problem, fix)),
         Err(None) => Some(Message::new().push(message)),
     }
 }
@@ -205,14 +198,7 @@ pub const fn object_mismatch(
     fix: &str,
 ) -> Option<Message> {
     match fields_problem("", "", recorded, actual) {
-        Some(problem) => Some(
-            Message::new()
-                .push(prefix)
-                .location(&problem)
-                .describe(&problem)
-                .push(fix)
-                .hint(&problem),
-        ),
+        Some(problem) => Some(Message::report(prefix, &problem, fix)),
         None => None,
     }
 }
@@ -842,6 +828,17 @@ impl Message {
         }
     }
 
+    /// The whole message about `problem`: `prefix`, where and what changed,
+    /// `fix` and the way to keep the old shape.
+    pub const fn report(prefix: &str, problem: &Problem<'_>, fix: &str) -> Self {
+        Self::new()
+            .push(prefix)
+            .location(problem)
+            .describe(problem)
+            .push(fix)
+            .hint(problem)
+    }
+
     /// Appends the way to keep the old shape instead of bumping the version.
     pub const fn hint(self, problem: &Problem<'_>) -> Self {
         match problem.change {
@@ -904,14 +901,7 @@ pub const fn nested_mismatch(
     fix: &str,
 ) -> Option<Message> {
     match first_problem(recorded, actual) {
-        Some(problem) => Some(
-            Message::new()
-                .push(prefix)
-                .location(&problem)
-                .describe(&problem)
-                .push(fix)
-                .hint(&problem),
-        ),
+        Some(problem) => Some(Message::report(prefix, &problem, fix)),
         None => None,
     }
 }

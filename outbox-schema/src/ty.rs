@@ -6,7 +6,7 @@
 //! as do `&'a str` and `&str`.
 //!
 //! A field's type is read as serde writes it: well-known leaves ([`LEAVES`])
-//! are compared by name, well-known containers ([`CONTAINERS`]) by name and
+//! are compared by name, well-known containers ([`is_container`]) by name and
 //! by what they contain, and every other named type is a payload type whose
 //! own shape is recorded and compared (it derives `EventPayload`).
 
@@ -160,32 +160,11 @@ pub const LEAVES: &[&str] = &[
     "Ulid",
 ];
 
-/// Types serde writes as what they contain: compared by name and by their
-/// type arguments.
+/// Other types serde writes as what they contain, beside [`TRANSPARENT`],
+/// [`SEQUENCES`] and [`MAPS`]: compared by name and by their type
+/// arguments.
 pub const CONTAINERS: &[&str] = &[
     "Option",
-    "Vec",
-    "VecDeque",
-    "LinkedList",
-    "BinaryHeap",
-    "HashSet",
-    "BTreeSet",
-    "IndexSet",
-    "HashMap",
-    "BTreeMap",
-    "IndexMap",
-    "Map",
-    "Box",
-    "Rc",
-    "Arc",
-    "Cow",
-    "Cell",
-    "RefCell",
-    "Mutex",
-    "RwLock",
-    "Reverse",
-    "Wrapping",
-    "Saturating",
     "Result",
     "Bound",
     "Range",
@@ -193,6 +172,14 @@ pub const CONTAINERS: &[&str] = &[
     "SmallVec",
     "ArrayVec",
 ];
+
+/// Whether `name` is a well-known container: [`CONTAINERS`],
+/// [`TRANSPARENT`], [`SEQUENCES`] or [`MAPS`].
+pub fn is_container(name: &str) -> bool {
+    [CONTAINERS, TRANSPARENT, SEQUENCES, MAPS]
+        .iter()
+        .any(|names| names.contains(&name))
+}
 
 /// Wrappers serde writes as the value they hold (with serde's `rc`
 /// feature for `Rc` and `Arc`): `Box<Money>` is written as `Money` is.
@@ -341,7 +328,7 @@ fn matches_with_holes(recorded: &Type, actual: &Type) -> bool {
 }
 
 /// The payload types inside `ty`, in the order they appear: the named types
-/// that are neither [`LEAVES`], [`CONTAINERS`] nor one of `generic_params`
+/// that are neither [`LEAVES`], containers ([`is_container`]) nor one of `generic_params`
 /// (the event's own type parameters, compared by name).
 pub fn payload_types<'t>(ty: &'t Type, generic_params: &[String]) -> Vec<&'t Type> {
     let mut found = Vec::new();
@@ -360,7 +347,7 @@ fn collect_payload_types<'t>(ty: &'t Type, generic_params: &[String], found: &mu
             if generic || name == "Self" || LEAVES.contains(&name.as_str()) {
                 return;
             }
-            if !CONTAINERS.contains(&name.as_str()) {
+            if !is_container(&name) {
                 found.push(ty);
                 return;
             }
