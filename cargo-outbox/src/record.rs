@@ -70,15 +70,13 @@ pub fn record(sources: &Sources, lock: &Lock, lock_name: &str) -> Outcome {
             }
         }
         let mut status = verdict.status;
-        if let Some(check) = &verdict.object
-            && let Some(message) =
-                object_change(lock.entry(&actual.event, actual.version), &actual, check)
-        {
-            outcome.errors.push(format!(
-                "{}: {message}",
-                item.location(event.attrs.version_span)
-            ));
-            status = Status::Rejected;
+        if let Some(check) = &verdict.object {
+            let recorded = lock.entry(&actual.event, actual.version);
+            for message in object_changes(recorded, &actual, check) {
+                let here = item.location(event.attrs.version_span);
+                outcome.errors.push(format!("{here}: {message}"));
+                status = Status::Rejected;
+            }
         }
         for unsettled in &verdict.unsettled {
             let recorded = lock.entry(&actual.event, actual.version);
@@ -189,9 +187,12 @@ fn apply_verdict(
                 .versions(&actual.event)
                 .last()
                 .map_or(1, |e| e.version + 1);
-            if let Some(message) = nested_problem(recorded, &actual, lock_name, next) {
+            let problems = nested_problems(recorded, &actual, lock_name, next);
+            let rejected = !problems.is_empty();
+            for message in problems {
                 outcome.errors.push(format!("{here}: {message}"));
-            } else if !recorded.same_json(&actual) {
+            }
+            if !rejected && !recorded.same_json(&actual) {
                 outcome
                     .changes
                     .push(format!("recorded additive changes of {}", actual.title()));
@@ -279,14 +280,15 @@ fn nested_types(
     types
 }
 
-/// The first incompatible change in the payload types nested in `actual`
-/// since `recorded`, as a message.
-fn nested_problem(
+/// Every incompatible change in the payload types nested in `actual` since
+/// `recorded`, as messages.
+fn nested_problems(
     recorded: &EventEntry,
     actual: &EventEntry,
     lock_name: &str,
     next: u32,
-) -> Option<String> {
+) -> Vec<String> {
+    let mut problems = Vec::new();
     for field in &recorded.fields {
         if field.opaque {
             continue;
@@ -300,12 +302,14 @@ fn nested_problem(
             };
             let prefix = compare::mismatch(recorded, lock_name, Some(&field.name));
             let fix = compare::bump_fix(next);
-            if let Some(message) = nested_mismatch(old, new, &prefix, &fix) {
-                return Some(message.as_str().to_owned());
-            }
+            problems.extend(
+                (0..)
+                    .map_while(|n| nested_mismatch(old, new, n, &prefix, &fix))
+                    .map(|message| message.as_str().to_owned()),
+            );
         }
     }
-    None
+    problems
 }
 
 /// The shape of the payload type `name` from `types`, with its nested
@@ -380,20 +384,24 @@ fn leak(text: &str) -> &'static str {
 }
 
 /// What the keys of `actual`'s JSON object changed since `recorded`'s
-/// (an event that flattens a payload type), as the derive settles it.
-fn object_change(
+/// (an event that flattens a payload type), as the derive settles it: a
+/// message per problem.
+fn object_changes(
     recorded: Option<&EventEntry>,
     actual: &EventEntry,
     check: &ObjectCheck,
-) -> Option<String> {
-    let recorded = recorded?;
-    object_mismatch(
+) -> Vec<String> {
+    let Some(recorded) = recorded else {
+        return Vec::new();
+    };
+    let (old, new) = (
         leak_fields(&recorded.fields, &recorded.types, &[]),
         leak_fields(&actual.fields, &actual.types, &[]),
-        &check.prefix,
-        &check.fix,
-    )
-    .map(|message| message.as_str().to_owned())
+    );
+    (0..)
+        .map_while(|n| object_mismatch(old, new, n, &check.prefix, &check.fix))
+        .map(|message| message.as_str().to_owned())
+        .collect()
 }
 
 #[cfg(test)]

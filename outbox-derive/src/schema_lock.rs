@@ -123,15 +123,41 @@ fn object_check(event: &Event<'_>, recorded: &EventEntry, check: &ObjectCheck) -
     });
     let (prefix, fix) = (&check.prefix, &check.fix);
     let span = event.attrs.version_span;
+    each_problem(
+        span,
+        quote_spanned! {span=>
+            const RECORDED: &[::outbox_core::shape::FieldShape<'static>] = #recorded_fields;
+            const ACTUAL: &[::outbox_core::shape::FieldShape<'static>] = #actual_fields;
+        },
+        |n| quote!(::outbox_core::shape::object_mismatch(RECORDED, ACTUAL, #n, #prefix, #fix)),
+    )
+}
+
+/// How many problems of one comparison a build reports, each as its own
+/// error.
+const REPORTED: usize = 8;
+
+/// A constant holding `setup` (the shapes to compare) and one constant per
+/// problem a build reports (`REPORTED`), each failing with the message
+/// `mismatch(n)` gives for the `n`th problem, if there is one.
+fn each_problem(
+    span: proc_macro2::Span,
+    setup: TokenStream,
+    mismatch: impl Fn(usize) -> TokenStream,
+) -> TokenStream {
+    let checks = (0..REPORTED).map(|n| {
+        let mismatch = mismatch(n);
+        quote_spanned! {span=>
+            const _: () = match #mismatch {
+                ::core::option::Option::Some(message) => ::core::panic!("{}", message.as_str()),
+                ::core::option::Option::None => (),
+            };
+        }
+    });
     quote_spanned! {span=>
-        const _: () = match ::outbox_core::shape::object_mismatch(
-            #recorded_fields,
-            #actual_fields,
-            #prefix,
-            #fix,
-        ) {
-            ::core::option::Option::Some(message) => ::core::panic!("{}", message.as_str()),
-            ::core::option::Option::None => (),
+        const _: () = {
+            #setup
+            #(#checks)*
         };
     }
 }
@@ -209,19 +235,21 @@ fn nested_checks(event: &Event<'_>, lock: &Lock, lock_name: &str) -> TokenStream
             checks.extend(match recorded_shape {
                 Some(shape) => {
                     let prefix = compare::mismatch(recorded, lock_name, Some(&field.name));
-                    quote_spanned! {span=>
-                        const _: () = match ::outbox_core::shape::nested_mismatch(
-                            &#shape,
-                            <#inner as ::outbox_core::EventPayload>::SHAPE,
-                            #prefix,
-                            #fix,
-                        ) {
-                            ::core::option::Option::Some(message) => {
-                                ::core::panic!("{}", message.as_str())
+                    each_problem(
+                        span,
+                        quote_spanned! {span=>
+                            const RECORDED: ::outbox_core::shape::TypeShape<'static> = #shape;
+                            const ACTUAL: &::outbox_core::shape::TypeShape<'static> =
+                                <#inner as ::outbox_core::EventPayload>::SHAPE;
+                        },
+                        |n| {
+                            quote! {
+                                ::outbox_core::shape::nested_mismatch(
+                                    &RECORDED, ACTUAL, #n, #prefix, #fix,
+                                )
                             }
-                            ::core::option::Option::None => (),
-                        };
-                    }
+                        },
+                    )
                 }
                 None => quote_spanned! {span=>
                     const _: &::outbox_core::shape::TypeShape<'static> =

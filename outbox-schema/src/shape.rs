@@ -188,16 +188,18 @@ pub const fn settle_mismatch(
 
 /// What the fields of an event changed as a JSON object since the
 /// recorded ones (see [`fields_problem`]), as a message: `prefix`, what
-/// changed, `fix` and the way to keep the old shape; `None` if readers of
-/// the recorded version read it. The code `#[derive(DomainEvent)]`
-/// generates for an event that flattens a payload type panics with it.
+/// changed, `fix` and the way to keep the old shape; the problem after `n`
+/// others; `None` if there is no such problem. The code
+/// `#[derive(DomainEvent)]` generates for an event that flattens a payload
+/// type panics with it.
 pub const fn object_mismatch(
     recorded: &[FieldShape<'_>],
     actual: &[FieldShape<'_>],
+    n: usize,
     prefix: &str,
     fix: &str,
 ) -> Option<Message> {
-    match fields_problem("", "", recorded, actual) {
+    match fields_problem_after("", "", recorded, actual, &mut { n }) {
         Some(problem) => Some(Message::report(prefix, &problem, fix)),
         None => None,
     }
@@ -504,15 +506,39 @@ pub const fn fields_problem<'a>(
     recorded: &[FieldShape<'a>],
     actual: &[FieldShape<'a>],
 ) -> Option<Problem<'a>> {
+    fields_problem_after(ty, variant, recorded, actual, &mut 0)
+}
+
+/// The incompatible change of [`fields_problem`] that comes after `skip`
+/// others, in the order they are found; `skip` is counted down by the
+/// problems passed.
+pub const fn fields_problem_after<'a>(
+    ty: &'a str,
+    variant: &'a str,
+    recorded: &[FieldShape<'a>],
+    actual: &[FieldShape<'a>],
+    skip: &mut usize,
+) -> Option<Problem<'a>> {
     let keys = Keys {
         ty,
         variant,
         recorded,
         actual,
     };
-    match keys.recorded_problem(recorded, 0) {
+    match keys.recorded_problem(recorded, 0, skip) {
         Some(problem) => Some(problem),
-        None => keys.new_problem(actual, false, 0),
+        None => keys.new_problem(actual, false, 0, skip),
+    }
+}
+
+/// Whether a problem just found is the one wanted; if not, it is counted
+/// off `skip`.
+const fn wanted(skip: &mut usize) -> bool {
+    if *skip == 0 {
+        true
+    } else {
+        *skip -= 1;
+        false
     }
 }
 
@@ -525,12 +551,14 @@ struct Keys<'k, 'a> {
 }
 
 impl<'a> Keys<'_, 'a> {
-    /// The first recorded key among `fields` (of the recorded object, at
-    /// flattening `depth`) gone or changed in the actual object.
+    /// The wanted problem (see [`fields_problem_after`]) with a recorded key
+    /// among `fields` (of the recorded object, at flattening `depth`) gone
+    /// or changed in the actual object.
     const fn recorded_problem(
         &self,
         fields: &[FieldShape<'a>],
         depth: usize,
+        skip: &mut usize,
     ) -> Option<Problem<'a>> {
         let (ty, variant) = (self.ty, self.variant);
         let mut i = 0;
@@ -542,18 +570,24 @@ impl<'a> Keys<'_, 'a> {
                 && same.flatten != old.flatten
                 && depth == 0
             {
-                return field_problem(ty, variant, old, same);
+                match field_problem(ty, variant, old, same) {
+                    Some(problem) if wanted(skip) => return Some(problem),
+                    _ => continue,
+                }
             }
             if let Some(inner) = flattened(old)
                 && depth < FLATTEN_DEPTH
             {
-                match self.recorded_problem(inner.fields, depth + 1) {
+                match self.recorded_problem(inner.fields, depth + 1, skip) {
                     Some(problem) => return Some(problem),
                     None => continue,
                 }
             }
             let Some(new) = find_key(self.actual, old.name, 0) else {
-                return Some(self.gone(old));
+                if wanted(skip) {
+                    return Some(self.gone(old));
+                }
+                continue;
             };
             let mut old = *old;
             if depth > 0 {
@@ -561,7 +595,10 @@ impl<'a> Keys<'_, 'a> {
                 old.flatten = new.flatten;
             }
             if let Some(problem) = field_problem(ty, variant, &old, &new) {
-                return Some(problem);
+                if wanted(skip) {
+                    return Some(problem);
+                }
+                continue;
             }
             // Nested types pair up by name: the same type is the same name.
             let mut t = 0;
@@ -569,7 +606,7 @@ impl<'a> Keys<'_, 'a> {
                 let mut u = 0;
                 while u < new.types.len() {
                     if str_eq(old.types[t].name, new.types[u].name)
-                        && let Some(problem) = first_problem(old.types[t], new.types[u])
+                        && let Some(problem) = problem_after(old.types[t], new.types[u], skip)
                     {
                         return Some(problem);
                     }
@@ -613,14 +650,33 @@ impl<'a> Keys<'_, 'a> {
         }
     }
 
-    /// The first key among `fields` (of the actual object) that readers of
-    /// the recorded object cannot fill in; `optional` when a flattened
-    /// `Option` on the way may leave them all out.
+    /// Whether the new key `name` is what a recorded field was renamed to
+    /// (reported as that rename, not as a new field).
+    const fn renamed_to(&self, name: &str) -> bool {
+        let mut i = 0;
+        while i < self.recorded.len() {
+            let old = &self.recorded[i];
+            i += 1;
+            if !old.flatten && find_key(self.actual, old.name, 0).is_none() {
+                let problem = self.gone(old);
+                if matches!(problem.change, Change::FieldRenamed) && str_eq(problem.to, name) {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// The wanted problem (see [`fields_problem_after`]) with a key among
+    /// `fields` (of the actual object) that readers of the recorded object
+    /// cannot fill in; `optional` when a flattened `Option` on the way may
+    /// leave them all out.
     const fn new_problem(
         &self,
         fields: &[FieldShape<'a>],
         optional: bool,
         depth: usize,
+        skip: &mut usize,
     ) -> Option<Problem<'a>> {
         let mut j = 0;
         while j < fields.len() {
@@ -629,12 +685,17 @@ impl<'a> Keys<'_, 'a> {
             if let Some(inner) = flattened(new)
                 && depth < FLATTEN_DEPTH
             {
-                match self.new_problem(inner.fields, optional || new.optional, depth + 1) {
+                match self.new_problem(inner.fields, optional || new.optional, depth + 1, skip) {
                     Some(problem) => return Some(problem),
                     None => continue,
                 }
             }
-            if find_key(self.recorded, new.name, 0).is_none() && !new.tolerant() && !optional {
+            if find_key(self.recorded, new.name, 0).is_none()
+                && !new.tolerant()
+                && !optional
+                && !self.renamed_to(new.name)
+                && wanted(skip)
+            {
                 let name = new.name;
                 return Some(Problem::new(
                     Change::NewRequiredField,
@@ -653,8 +714,20 @@ pub const fn first_problem<'a>(
     recorded: &TypeShape<'a>,
     actual: &TypeShape<'a>,
 ) -> Option<Problem<'a>> {
+    problem_after(recorded, actual, &mut 0)
+}
+
+/// The incompatible change from `recorded` to `actual` that comes after
+/// `skip` others, in the order they are found; `skip` is counted down by
+/// the problems passed. A change of kind, `rename_all` or representation
+/// is the only one reported for the type: it changes every part of it.
+pub const fn problem_after<'a>(
+    recorded: &TypeShape<'a>,
+    actual: &TypeShape<'a>,
+    skip: &mut usize,
+) -> Option<Problem<'a>> {
     let ty = actual.name;
-    if !matches!(
+    let whole = if !matches!(
         (recorded.kind, actual.kind),
         (Kind::Struct, Kind::Struct)
             | (Kind::Tuple, Kind::Tuple)
@@ -662,22 +735,26 @@ pub const fn first_problem<'a>(
             | (Kind::Enum, Kind::Enum)
     ) {
         let problem = Problem::new(Change::KindChanged, ty, "", ty);
-        return Some(problem.between(recorded.kind.as_str(), actual.kind.as_str()));
-    }
-    if !str_eq(recorded.rename_all, actual.rename_all) {
+        Some(problem.between(recorded.kind.as_str(), actual.kind.as_str()))
+    } else if !str_eq(recorded.rename_all, actual.rename_all) {
         let problem = Problem::new(Change::RenameAllChanged, ty, "", ty);
-        return Some(problem.between(recorded.rename_all, actual.rename_all));
-    }
-    if !str_eq(recorded.repr, actual.repr) {
+        Some(problem.between(recorded.rename_all, actual.rename_all))
+    } else if !str_eq(recorded.repr, actual.repr) {
         let problem = Problem::new(Change::ReprChanged, ty, "", ty);
-        return Some(problem.between(recorded.repr, actual.repr));
+        Some(problem.between(recorded.repr, actual.repr))
+    } else {
+        None
+    };
+    if let Some(problem) = whole {
+        return if wanted(skip) { Some(problem) } else { None };
     }
-    if let Some(problem) = fields_problem(ty, "", recorded.fields, actual.fields) {
+    if let Some(problem) = fields_problem_after(ty, "", recorded.fields, actual.fields, skip) {
         return Some(problem);
     }
     let mut i = 0;
     while i < recorded.variants.len() {
         let old = &recorded.variants[i];
+        i += 1;
         let mut found = None;
         let mut j = 0;
         while j < actual.variants.len() {
@@ -687,19 +764,24 @@ pub const fn first_problem<'a>(
             j += 1;
         }
         let Some(new) = found else {
-            return Some(Problem::new(Change::VariantRemoved, ty, "", old.name));
+            if wanted(skip) {
+                return Some(Problem::new(Change::VariantRemoved, ty, "", old.name));
+            }
+            continue;
         };
         if !matches!(
             (old.kind, new.kind),
             (Kind::Struct, Kind::Struct) | (Kind::Tuple, Kind::Tuple) | (Kind::Unit, Kind::Unit)
         ) {
-            let problem = Problem::new(Change::VariantKindChanged, ty, "", old.name);
-            return Some(problem.between(old.kind.as_str(), new.kind.as_str()));
+            if wanted(skip) {
+                let problem = Problem::new(Change::VariantKindChanged, ty, "", old.name);
+                return Some(problem.between(old.kind.as_str(), new.kind.as_str()));
+            }
+            continue;
         }
-        if let Some(problem) = fields_problem(ty, old.name, old.fields, new.fields) {
+        if let Some(problem) = fields_problem_after(ty, old.name, old.fields, new.fields, skip) {
             return Some(problem);
         }
-        i += 1;
     }
     None
 }
@@ -892,15 +974,18 @@ impl Message {
 
 /// What a payload type nested in an event changed incompatibly since its
 /// recorded shape, as a message: `prefix`, where and what changed, `fix` and
-/// the way to keep the old shape. The code `#[derive(DomainEvent)]`
-/// generates panics with it (a compile error, in a constant) at the field.
+/// the way to keep the old shape; the problem after `n` others, so a build
+/// can report each (see [`problem_after`]). The code
+/// `#[derive(DomainEvent)]` generates panics with it (a compile error, in a
+/// constant) at the field.
 pub const fn nested_mismatch(
     recorded: &TypeShape<'_>,
     actual: &TypeShape<'_>,
+    n: usize,
     prefix: &str,
     fix: &str,
 ) -> Option<Message> {
-    match first_problem(recorded, actual) {
+    match problem_after(recorded, actual, &mut { n }) {
         Some(problem) => Some(Message::report(prefix, &problem, fix)),
         None => None,
     }
@@ -1191,6 +1276,44 @@ mod tests {
             message(&shape(&recorded), &shape(&two)).as_deref(),
             Some("in `Money`, field `currency` was removed")
         );
+    }
+
+    #[test]
+    fn every_problem_of_a_type_is_found_one_after_another() {
+        let recorded = [CENTS, field("currency", "String"), field("scale", "u8")];
+        let actual = [
+            field("cents", "u64"),
+            field("currency", "String"),
+            field("region", "String"),
+            field("rate", "f64"),
+        ];
+        let (old, new) = (shape(&recorded), shape(&actual));
+        let all: Vec<String> = (0..)
+            .map_while(|n| nested_mismatch(&old, &new, n, "", "; "))
+            .map(|message| message.as_str().to_owned())
+            .collect();
+        assert_eq!(
+            all,
+            [
+                "in `Money`, field `cents` changed type from `i64` to `u64`; or keep `i64` and add \
+                 the new data as an `Option<_>` field",
+                "in `Money`, field `scale` was removed; or keep the field",
+                "in `Money`, new field `region` is required (neither `Option<_>` nor \
+                 `#[serde(default)]`), so recorded payloads without it do not decode; or make it \
+                 additive: `Option<_>` or `#[serde(default)]`",
+                "in `Money`, new field `rate` is required (neither `Option<_>` nor \
+                 `#[serde(default)]`), so recorded payloads without it do not decode; or make it \
+                 additive: `Option<_>` or `#[serde(default)]`",
+            ]
+        );
+        // A renamed field is one problem, not also a new required field.
+        let renamed = [CENTS, field("code", "String"), field("scale", "u8")];
+        let new = shape(&renamed);
+        let all: Vec<_> = (0..)
+            .map_while(|n| problem_after(&old, &new, &mut { n }))
+            .collect();
+        assert_eq!(all.len(), 1, "{all:?}");
+        assert_eq!(all[0].change, Change::FieldRenamed);
     }
 
     #[test]
