@@ -110,16 +110,8 @@ fn settle(
     let Some(recorded) = recorded else {
         return Some(unsettled.message.clone());
     };
-    let shapes = |ty: Option<&str>, types: &BTreeMap<String, TypeEntry>| {
-        let names = ty
-            .map(|ty| ty::payload_names_in(ty, &[]))
-            .unwrap_or_default();
-        let shapes: Vec<&'static TypeShape<'static>> = names
-            .iter()
-            .filter_map(|name| leak_shape(name, types, &mut Vec::new()))
-            .collect();
-        shapes
-    };
+    let shapes =
+        |ty: Option<&str>, types| ty.map_or_else(Vec::new, |ty| leak_types_in(ty, types, &[]));
     let recorded_ty = recorded
         .fields
         .iter()
@@ -354,14 +346,10 @@ fn leak_fields(
     let shapes: Vec<FieldShape<'static>> = fields
         .iter()
         .map(|field| {
-            let nested: Vec<&'static TypeShape<'static>> = if field.opaque {
+            let nested = if field.opaque {
                 Vec::new()
             } else {
-                ty::payload_names_in(&field.ty, &[])
-                    .iter()
-                    .filter(|inner| !path.contains(inner))
-                    .filter_map(|inner| leak_shape(inner, types, &mut path.to_vec()))
-                    .collect()
+                leak_types_in(&field.ty, types, path)
             };
             FieldShape {
                 name: leak(&field.name),
@@ -377,6 +365,20 @@ fn leak_fields(
         })
         .collect();
     Box::leak(shapes.into_boxed_slice())
+}
+
+/// The shapes of the payload types in the type `ty`, from `types` (those
+/// in `path`, being expanded, left out), as the derive builds them. Leaked.
+fn leak_types_in(
+    ty: &str,
+    types: &BTreeMap<String, TypeEntry>,
+    path: &[String],
+) -> Vec<&'static TypeShape<'static>> {
+    ty::payload_names_in(ty, &[])
+        .iter()
+        .filter(|inner| !path.contains(inner))
+        .filter_map(|inner| leak_shape(inner, types, &mut path.to_vec()))
+        .collect()
 }
 
 fn leak(text: &str) -> &'static str {

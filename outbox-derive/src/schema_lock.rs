@@ -178,11 +178,8 @@ fn settle_check(
         .fields
         .iter()
         .find(|field| field.name == unsettled.recorded_field)
-        .map(|field| ty::payload_names_in(&field.ty, &[]))
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|name| shape_tokens::recorded(&name, &recorded.types, &mut Vec::new()))
-        .map(|shape| quote!(&#shape));
+        .map(|field| shape_tokens::recorded_types_in(&field.ty, &recorded.types, &[]))
+        .unwrap_or_default();
     let actual_types = field
         .payload_types(&event.type_params())
         .into_iter()

@@ -132,11 +132,7 @@ pub fn recorded_fields(entry: &EventEntry) -> TokenStream {
         if field.opaque {
             return Vec::new();
         }
-        ty::payload_names_in(&field.ty, &[])
-            .iter()
-            .filter_map(|inner| recorded(inner, &entry.types, &mut Vec::new()))
-            .map(|shape| quote!(&#shape))
-            .collect()
+        recorded_types_in(&field.ty, &entry.types, &[])
     })
 }
 
@@ -168,15 +164,24 @@ pub fn recorded(
         if field.opaque {
             return Vec::new();
         }
-        ty::payload_names_in(&field.ty, &[])
-            .iter()
-            .filter(|inner| !path.contains(inner))
-            .filter_map(|inner| {
-                let mut inner_path = path.clone();
-                recorded(inner, types, &mut inner_path).map(|shape| quote!(&#shape))
-            })
-            .collect()
+        recorded_types_in(&field.ty, types, path)
     });
     path.pop();
     Some(shape)
+}
+
+/// The recorded shapes (`&TypeShape` expressions) of the payload types in
+/// the recorded type `ty`, from `types`; those in `path`, being expanded,
+/// are left out.
+pub fn recorded_types_in(
+    ty: &str,
+    types: &BTreeMap<String, TypeEntry>,
+    path: &[String],
+) -> Vec<TokenStream> {
+    ty::payload_names_in(ty, &[])
+        .iter()
+        .filter(|inner| !path.contains(inner))
+        .filter_map(|inner| recorded(inner, types, &mut path.to_vec()))
+        .map(|shape| quote!(&#shape))
+        .collect()
 }

@@ -324,14 +324,12 @@ async fn nats_messages_carry_the_additional_fields() {
     let scope = Scope::new("additional");
     let t = TestDb::new(Backend::Postgres).await;
     let rows = write(&t).await;
-    let mut args = scope.relay_args(&nats_url());
-    args.extend(
-        [
-            "--drain",
+    let args = scope.drain_args(
+        &nats_url(),
+        &[
             "--router",
             "table.fields.additional.placement=tenant:header:tenantId,part:envelope:partNo",
-        ]
-        .map(str::to_owned),
+        ],
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (code, _, stderr) = run_to_end(relay(), &args, &[("DATABASE_URL", &t.url)]);

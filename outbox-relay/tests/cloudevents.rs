@@ -435,16 +435,14 @@ async fn postgres_rows_reach_nats_as_structured_cloudevents() {
     let scope = Scope::new("ce");
     let t = TestDb::new(Backend::Postgres).await;
     let written = write(&t).await;
-    let mut args = scope.relay_args(&nats_url());
-    args.extend(
-        [
-            "--drain",
+    let args = scope.drain_args(
+        &nats_url(),
+        &[
             "--format",
             "cloudevents-structured",
             "--ce-source",
             "/shop/{aggregatetype}",
-        ]
-        .map(str::to_owned),
+        ],
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (code, _, stderr) = run_to_end(relay(), &args, &[("DATABASE_URL", &t.url)]);

@@ -481,8 +481,7 @@ async fn replays_into_a_jetstream_stream_within_its_duplicate_window() {
     for invoice in ["inv-0", "inv-1"] {
         append_events(&t.db, invoice, 6).await;
     }
-    let mut drain = scope.relay_args(&url);
-    drain.push("--drain".into());
+    let drain = scope.drain_args(&url, &[]);
     let drain: Vec<&str> = drain.iter().map(String::as_str).collect();
     succeed(&t, &drain);
     let replay_args: Vec<String> = scope.relay_args(&url).into_iter().skip(1).collect();

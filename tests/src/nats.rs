@@ -78,6 +78,14 @@ impl Scope {
         .map(str::to_owned)
         .to_vec()
     }
+
+    /// `run --sink nats --drain` arguments for this scope, then `extra`.
+    pub fn drain_args(&self, url: &str, extra: &[&str]) -> Vec<String> {
+        let mut args = self.relay_args(url);
+        args.push("--drain".to_owned());
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        args
+    }
 }
 
 /// A message as the witness read it from the stream.
