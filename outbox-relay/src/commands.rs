@@ -25,7 +25,7 @@ use crate::progress::Progress;
 use crate::redact::{redact_text, redact_url};
 use crate::relay::{Relay, RelayError, delete_published};
 use crate::server;
-use crate::shutdown::Shutdown;
+use crate::shutdown::{Shutdown, ShutdownTrigger};
 use crate::sink::Sink;
 use crate::sink::kafka::{KafkaSetupError, KafkaSink};
 use crate::sink::nats::{NatsSetupError, NatsSink};
@@ -244,7 +244,7 @@ async fn relay_from(
         .metrics_addr
         .is_some()
         .then(|| Arc::new(Health::default()));
-    let keeper = keep_partitions(&settings, health.clone(), &shutdown).await?;
+    let keeper = keep_partitions(&settings, health.clone()).await?;
     if let (Some(addr), Some(metrics), Some(health)) = (settings.metrics_addr, metrics, health) {
         tokio::spawn(health::monitor(
             source.clone(),
@@ -253,9 +253,12 @@ async fn relay_from(
             settings.metrics_interval,
             shutdown.clone(),
         ));
-        server::serve(addr, metrics, health, shutdown.clone())
-            .await
-            .map_err(|source| CommandError::Serve { addr, source })?;
+        if let Err(source) = server::serve(addr, metrics, health, shutdown.clone()).await {
+            if let Some(keeper) = keeper {
+                keeper.close().await;
+            }
+            return Err(CommandError::Serve { addr, source });
+        }
     }
     let topics = topics(&settings.output);
     let outcome = match postgres {
@@ -317,14 +320,34 @@ pub(crate) fn topics_shown(output: &SinkSettings) -> String {
     }
 }
 
+/// Keeps a partitioned outbox's partitions while the relay runs.
+struct PartitionKeeper {
+    store: Arc<dyn partitions::Store>,
+    stop: ShutdownTrigger,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PartitionKeeper {
+    /// Stops keeping once the turn under way (a maintenance run, say) is
+    /// over, then closes the store: never a turn cut short or run on a
+    /// closed pool.
+    async fn close(self) {
+        self.stop.trigger();
+        if let Err(error) = self.task.await {
+            tracing::warn!(%error, "the partition keeper ended abnormally");
+        }
+        self.store.close().await;
+    }
+}
+
 /// With a partitioned outbox, starts keeping its partitions (see
-/// [`partitions::keep`]); returns the store it uses, to close at the end. `--partition-maintenance` on a plain outbox fails
-/// here, before anything is published.
+/// [`partitions::keep`]) until the returned keeper is closed.
+/// `--partition-maintenance` on a plain outbox fails here, before anything
+/// is published.
 async fn keep_partitions(
     settings: &RunSettings,
     health: Option<Arc<Health>>,
-    shutdown: &Shutdown,
-) -> Result<Option<Arc<dyn partitions::Store>>, CommandError> {
+) -> Result<Option<PartitionKeeper>, CommandError> {
     let Some(store) = partitions::connect(&settings.database_url).await? else {
         return Ok(None);
     };
@@ -345,14 +368,15 @@ async fn keep_partitions(
         (None, Some(maintenance)) => maintenance.interval,
         (None, None) => Duration::from_secs(3600),
     };
-    tokio::spawn(partitions::keep(
+    let (stop, stopped) = Shutdown::manual();
+    let task = tokio::spawn(partitions::keep(
         store.clone(),
         settings.partition_maintenance.clone(),
         health,
         check,
-        shutdown.clone(),
+        stopped,
     ));
-    Ok(Some(store))
+    Ok(Some(PartitionKeeper { store, stop, task }))
 }
 
 async fn migrate(url: &str, args: &MigrateArgs) -> Result<(), CommandError> {

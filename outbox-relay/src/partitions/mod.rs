@@ -245,14 +245,15 @@ pub fn days_ahead(ranges: &[Range], now: DateTime<Utc>) -> i64 {
 /// Keeps a partitioned outbox while the relay runs: every `check` it
 /// reads how far the partitions reach (the `outbox_partition_*` gauges and
 /// `/readyz`), and with `maintenance` it maintains them every
-/// `maintenance.interval` (the first time at once). Failures are logged
-/// and tried again at the next turn; nothing here stops the relay.
+/// `maintenance.interval` (the first time at once), until `stop` is
+/// requested between two turns. Failures are logged and tried again at the
+/// next turn; nothing here stops the relay.
 pub async fn keep(
     store: Arc<dyn Store>,
     maintenance: Option<PartitionMaintenance>,
     health: Option<Arc<Health>>,
     check: Duration,
-    shutdown: Shutdown,
+    stop: Shutdown,
 ) {
     let mut next_maintenance = Instant::now();
     let mut warned = false;
@@ -296,7 +297,7 @@ pub async fn keep(
             None => check,
         };
         tokio::select! {
-            () = shutdown.requested() => return,
+            () = stop.requested() => return,
             () = tokio::time::sleep(wait) => {}
         }
     }
