@@ -6,8 +6,12 @@
 //! (`outbox-schema`), so both agree on every schema. Recorded versions are
 //! never changed incompatibly: such a change is an error telling to bump the
 //! version.
+//!
+//! `cargo outbox schema` prints the recorded events as a JSON Schema or
+//! AsyncAPI document.
 
 mod record;
+mod schema;
 mod sources;
 
 use std::path::{Path, PathBuf};
@@ -30,6 +34,8 @@ enum Cargo {
 enum Command {
     /// Record new and bumped event versions (and additive changes) in outbox.lock.
     Lock(LockArgs),
+    /// Print the recorded event versions as a JSON Schema or AsyncAPI document.
+    Schema(schema::SchemaArgs),
 }
 
 #[derive(Args)]
@@ -51,8 +57,12 @@ fn main() -> ExitCode {
     if argv.get(1).is_some_and(|arg| arg != "outbox") {
         argv.insert(1, "outbox".into());
     }
-    let Cargo::Outbox(Command::Lock(args)) = Cargo::parse_from(argv);
-    match lock(&args) {
+    let Cargo::Outbox(command) = Cargo::parse_from(argv);
+    let done = match command {
+        Command::Lock(args) => lock(&args),
+        Command::Schema(args) => schema::schema(&args).map(|()| ExitCode::SUCCESS),
+    };
+    match done {
         Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");

@@ -11,7 +11,9 @@
 //!   (event type, version);
 //! - [`compare`] checks an event against the lock, and [`shape`] holds the
 //!   compatibility rules as `const fn`s, so the code the derive generates
-//!   can apply them to nested payload types at compile time.
+//!   can apply them to nested payload types at compile time;
+//! - [`export`] (feature `export`) writes the recorded contract as JSON
+//!   Schema and AsyncAPI documents.
 //!
 //! Without the default `model` feature only [`shape`] is built; that is what
 //! `outbox-core` re-exports for generated code.
@@ -28,6 +30,8 @@ pub mod case;
 pub mod compare;
 #[cfg(feature = "model")]
 pub mod ctxt;
+#[cfg(feature = "export")]
+pub mod export;
 #[cfg(feature = "model")]
 pub mod model;
 #[cfg(feature = "model")]
