@@ -8,8 +8,10 @@
 //! version.
 //!
 //! `cargo outbox schema` prints the recorded events as a JSON Schema or
-//! AsyncAPI document.
+//! AsyncAPI document; `cargo outbox check --contract PATH` checks a
+//! consumer's decoders against a producer's published lock.
 
+mod check;
 mod record;
 mod schema;
 mod sources;
@@ -36,6 +38,8 @@ enum Command {
     Lock(LockArgs),
     /// Print the recorded event versions as a JSON Schema or AsyncAPI document.
     Schema(schema::SchemaArgs),
+    /// Check this crate's decoders against a producer's published outbox.lock.
+    Check(check::CheckArgs),
 }
 
 #[derive(Args)]
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
     let done = match command {
         Command::Lock(args) => lock(&args),
         Command::Schema(args) => schema::schema(&args).map(|()| ExitCode::SUCCESS),
+        Command::Check(args) => check::check(&args),
     };
     match done {
         Ok(code) => code,

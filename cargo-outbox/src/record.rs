@@ -70,17 +70,19 @@ pub fn record(sources: &Sources, lock: &Lock, lock_name: &str) -> Outcome {
             }
         }
         let mut status = verdict.status;
+        let compat = event.attrs.compat.or(lock.compat).unwrap_or_default();
+        let recorded = lock
+            .entry(&actual.event, actual.version)
+            .map(|entry| entry.under(compat));
         if let Some(check) = &verdict.object {
-            let recorded = lock.entry(&actual.event, actual.version);
-            for message in object_changes(recorded, &actual, check) {
+            for message in object_changes(recorded.as_ref(), &actual, check) {
                 let here = item.location(event.attrs.version_span);
                 outcome.errors.push(format!("{here}: {message}"));
                 status = Status::Rejected;
             }
         }
         for unsettled in &verdict.unsettled {
-            let recorded = lock.entry(&actual.event, actual.version);
-            if let Some(message) = settle(recorded, &actual, unsettled) {
+            if let Some(message) = settle(recorded.as_ref(), &actual, unsettled) {
                 let span = finding_span(&event, Site::Field(unsettled.field));
                 outcome
                     .errors
@@ -88,7 +90,11 @@ pub fn record(sources: &Sources, lock: &Lock, lock_name: &str) -> Outcome {
                 status = Status::Rejected;
             }
         }
-        apply_verdict(status, actual, lock, lock_name, &here, &mut outcome);
+        let verdict = Verdict {
+            status,
+            recorded: recorded.as_ref(),
+        };
+        apply_verdict(verdict, actual, lock, lock_name, &here, &mut outcome);
     }
     let mut seen_errors = std::collections::BTreeSet::new();
     outcome
@@ -145,18 +151,25 @@ fn finding_span(event: &Event<'_>, site: Site) -> proc_macro2::Span {
     .unwrap_or_else(|| event.ident.span())
 }
 
-/// Records `actual` into the outcome's lock as `status` allows: new and
+/// How an event stands against the lock, with its recorded entry as its
+/// compatibility rule compares it.
+struct Verdict<'a> {
+    status: Status,
+    recorded: Option<&'a EventEntry>,
+}
+
+/// Records `actual` into the outcome's lock as `verdict` allows: new and
 /// bumped versions are added, additive changes extend their entry unless a
 /// nested payload type changed incompatibly (reported at `here`).
 fn apply_verdict(
-    status: Status,
+    verdict: Verdict<'_>,
     actual: EventEntry,
     lock: &Lock,
     lock_name: &str,
     here: &str,
     outcome: &mut Outcome,
 ) {
-    match status {
+    match verdict.status {
         Status::Rejected => {}
         Status::New => {
             outcome
@@ -172,7 +185,7 @@ fn apply_verdict(
             outcome.lock.record(actual);
         }
         Status::Recorded | Status::Additive => {
-            let Some(recorded) = lock.entry(&actual.event, actual.version) else {
+            let Some(recorded) = verdict.recorded else {
                 return;
             };
             let next = lock
@@ -331,6 +344,7 @@ fn leak_shape(
         repr: leak(entry.repr.as_deref().unwrap_or("")),
         fields: struct_fields,
         variants: Box::leak(variants.into_boxed_slice()),
+        closed: entry.closed,
     };
     path.pop();
     Some(Box::leak(Box::new(shape)))
@@ -411,6 +425,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+    use outbox_schema::schema_lock::Compat;
 
     fn sources(text: &str) -> Sources {
         let mut sources = Sources::default();
@@ -481,6 +496,55 @@ mod tests {
               `lines`: in `Payment`, variant `Card` was removed or renamed; bump to `version = 2` \
               and run `cargo outbox lock`, or keep the variant"
             ]
+        );
+    }
+
+    #[test]
+    fn under_compat_full_a_new_variant_needs_a_bump() {
+        let v1 = record_text(&Lock::default(), V1).lock;
+        let added = V1.replace("Cash }", "Cash, Voucher(String) }");
+        let refused = "src/lib.rs:11: `OrderPlaced` version 1 no longer matches outbox.lock \
+            through field `lines`: in `Payment`, variant `Voucher` was added, which readers of \
+            the recorded version cannot read under `compat = \"full\"`; bump to `version = 2` \
+            and run `cargo outbox lock`, or leave the variant out of this version's enum";
+
+        // The crate's rule, at the top of the lock, is kept by the command.
+        let full = Lock {
+            compat: Some(Compat::Full),
+            ..v1.clone()
+        };
+        let outcome = record_text(&full, &added);
+        assert_eq!(outcome.errors, [refused]);
+        assert_eq!(outcome.lock, full, "nothing is recorded");
+        assert!(
+            outcome
+                .lock
+                .to_toml()
+                .contains("\ncompat = \"full\"\n\n[[event]]")
+        );
+        assert_eq!(
+            Lock::parse(&outcome.lock.to_toml()).unwrap().compat,
+            Some(Compat::Full)
+        );
+
+        // An event's own rule overrides the crate's, both ways.
+        let own_full = added.replace("version = 1)]", "version = 1, compat = \"full\")]");
+        assert_eq!(record_text(&v1, &own_full).errors, [refused]);
+        let own_backward = added.replace("version = 1)]", "version = 1, compat = \"backward\")]");
+        let outcome = record_text(&full, &own_backward);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert_eq!(
+            outcome.changes,
+            ["recorded additive changes of `OrderPlaced` version 1"]
+        );
+
+        // A bump records the new variant under either rule.
+        let bumped = added.replace("version = 1)]", "version = 2)]");
+        let outcome = record_text(&full, &bumped);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert_eq!(
+            outcome.changes,
+            ["recorded `OrderPlaced` version 2 (bumped from version 1)"]
         );
     }
 

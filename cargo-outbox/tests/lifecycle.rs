@@ -9,17 +9,12 @@
 //! workspace's Cargo.lock into `target/lifecycle`, which is kept between
 //! runs, so only the first run builds `outbox-core`'s dependencies.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use outbox_schema::schema_lock::Lock;
+mod common;
+use common::{stderr, stdout, workspace};
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the crate is in the workspace")
-        .to_owned()
-}
+use outbox_schema::schema_lock::Lock;
 
 /// A crate defining events, in a temporary directory.
 struct EventCrate {
@@ -80,14 +75,6 @@ impl EventCrate {
             .output()
             .expect("the command runs")
     }
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 #[track_caller]

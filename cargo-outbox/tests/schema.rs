@@ -4,30 +4,15 @@
 //! meta-schema, and both describe every recorded event version.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+
+mod common;
+use common::{cargo_outbox, workspace};
 
 use outbox_schema::schema_lock::Lock;
 use serde_json::Value;
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the crate is in the workspace")
-        .to_owned()
-}
-
 fn order_service() -> PathBuf {
     workspace().join("examples/order-service")
-}
-
-fn cargo_outbox(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cargo-outbox"))
-        .arg("outbox")
-        .args(args)
-        .current_dir(dir)
-        .env_remove("OUTBOX_LOCK")
-        .output()
-        .expect("cargo-outbox runs")
 }
 
 fn document(dir: &Path, args: &[&str]) -> Value {

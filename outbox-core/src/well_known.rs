@@ -41,6 +41,7 @@ macro_rules! written_as {
                 types: &[$($types),*],
             }],
             variants: &[],
+            closed: false,
         }
     };
 }

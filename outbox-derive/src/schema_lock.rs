@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use outbox_schema::compare::{self, ObjectCheck, Site, Status, Unsettled};
 use outbox_schema::model::Event;
-use outbox_schema::schema_lock::{EventEntry, LOCK_ENV, LOCK_FILE, Lock, RECORD_COMMAND};
+use outbox_schema::schema_lock::{Compat, EventEntry, LOCK_ENV, LOCK_FILE, Lock, RECORD_COMMAND};
 use outbox_schema::ty;
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
@@ -79,21 +79,24 @@ pub fn check_event(event: &Event<'_>) -> TokenStream {
     };
 
     let actual = event.entry();
+    let compat = event.attrs.compat.or(lock.compat).unwrap_or_default();
     let verdict = compare::check_event(&lock, &actual, &lock_name);
     let errors = verdict
         .findings
         .iter()
         .map(|finding| error_at(event, finding.site, &finding.message));
     let nested = match verdict.status {
-        Status::Recorded | Status::Additive => nested_checks(event, &lock, &lock_name),
+        Status::Recorded | Status::Additive => nested_checks(event, &lock, compat, &lock_name),
         Status::New | Status::Bumped { .. } | Status::Rejected => TokenStream::new(),
     };
-    let recorded = lock.entry(&event.attrs.name, event.attrs.version);
+    let recorded = lock
+        .entry(&event.attrs.name, event.attrs.version)
+        .map(|entry| entry.under(compat));
     let settle = verdict
         .unsettled
         .iter()
-        .map(|unsettled| settle_check(event, recorded, unsettled));
-    let object = match (&verdict.object, recorded) {
+        .map(|unsettled| settle_check(event, recorded.as_ref(), unsettled));
+    let object = match (&verdict.object, &recorded) {
         (Some(check), Some(recorded)) => object_check(event, recorded, check),
         _ => TokenStream::new(),
     };
@@ -204,8 +207,8 @@ fn settle_check(
 }
 
 /// The checks of the payload types nested in the fields of `event`, which
-/// matches its entry in `lock`.
-fn nested_checks(event: &Event<'_>, lock: &Lock, lock_name: &str) -> TokenStream {
+/// matches its entry in `lock`, under the rule `compat`.
+fn nested_checks(event: &Event<'_>, lock: &Lock, compat: Compat, lock_name: &str) -> TokenStream {
     let params = event.type_params();
     if !params.is_empty() {
         // A type parameter's payload types are only known per use.
@@ -214,6 +217,7 @@ fn nested_checks(event: &Event<'_>, lock: &Lock, lock_name: &str) -> TokenStream
     let Some(recorded) = lock.entry(&event.attrs.name, event.attrs.version) else {
         return TokenStream::new();
     };
+    let recorded = &recorded.under(compat);
     let latest = lock
         .versions(&event.attrs.name)
         .last()

@@ -63,6 +63,7 @@ pub fn type_shape(
     let kind = kind(entry.kind);
     let rename_all = entry.rename_all.as_deref().unwrap_or("");
     let repr = entry.repr.as_deref().unwrap_or("");
+    let closed = entry.closed;
     let struct_fields = fields(&entry.fields, wire, nested);
     let mut variants = Vec::new();
     for variant in &entry.variants {
@@ -88,6 +89,7 @@ pub fn type_shape(
             repr: #repr,
             fields: #fields,
             variants: &[#(#variants),*],
+            closed: #closed,
         }
     }
 }

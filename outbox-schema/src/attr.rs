@@ -9,6 +9,7 @@ use syn::{Attribute, Expr, Ident, Lit, LitStr, Meta, Token};
 
 use crate::case::RenameRule;
 use crate::ctxt::Ctxt;
+use crate::schema_lock::Compat;
 
 /// `#[domain_event(aggregate = "..", version = N, name = "..")]`, checked.
 pub struct EventAttrs {
@@ -24,6 +25,8 @@ pub struct EventAttrs {
     pub version_span: Span,
     /// The first `#[domain_event(..)]`, for errors about the event as a whole.
     pub attribute: TokenStream,
+    /// `compat = ".."`: the event's own compatibility rule, over the lock's.
+    pub compat: Option<Compat>,
 }
 
 /// The example every message about the attribute as a whole shows.
@@ -45,6 +48,7 @@ struct RawEventAttrs<'a> {
     aggregate: Given<(String, Span)>,
     version: Given<(u32, Span)>,
     name: Given<String>,
+    compat: Given<Compat>,
     /// A syntax error stopped reading an attribute, so a key that looks
     /// missing may only be unread.
     unreadable: bool,
@@ -102,6 +106,11 @@ impl EventAttrs {
         };
         let (aggregate, aggregate_span) = aggregate?;
         let (version, version_span) = version?;
+        let compat = match raw.compat {
+            Given::Valid(compat) => Some(compat),
+            Given::Absent => None,
+            Given::Reported => return None,
+        };
         Some(Self {
             aggregate,
             version,
@@ -109,6 +118,7 @@ impl EventAttrs {
             aggregate_span,
             version_span,
             attribute: first.to_token_stream(),
+            compat,
         })
     }
 }
@@ -122,6 +132,7 @@ impl<'a> RawEventAttrs<'a> {
             aggregate: Given::Absent,
             version: Given::Absent,
             name: Given::Absent,
+            compat: Given::Absent,
             unreadable: false,
         };
         for attr in attrs
@@ -162,13 +173,17 @@ impl<'a> RawEventAttrs<'a> {
                     read_key(cx, &meta, "name = \"OrderPlaced\"", &mut raw.name, |expr| {
                         non_empty_str(cx, expr, "name", "omit `name` to use the struct name")
                     })
+                } else if meta.path.is_ident("compat") {
+                    read_key(cx, &meta, "compat = \"full\"", &mut raw.compat, |expr| {
+                        compat(cx, expr)
+                    })
                 } else {
                     let key = meta.path.to_token_stream().to_string().replace(' ', "");
                     cx.error_spanned_by(
                         &meta.path,
                         format!(
                             "unknown domain_event attribute `{key}`; expected `aggregate`, \
-                             `version` or `name`{}",
+                             `version`, `name` or `compat`{}",
                             unknown_key_hint(&key)
                         ),
                     );
@@ -246,6 +261,31 @@ fn non_empty_str(cx: &Ctxt, expr: &Expr, key: &str, fix: &str) -> Option<String>
             None
         }
     }
+}
+
+/// The value of `compat = ".."`: `backward` or `full`.
+fn compat(cx: &Ctxt, expr: &Expr) -> Option<Compat> {
+    let given = match expr_lit(expr) {
+        Some(Lit::Str(lit)) => lit.value(),
+        _ => String::new(),
+    };
+    if let Some(compat) = Compat::parse(given.trim()) {
+        return Some(compat);
+    }
+    let forward = if given.trim().starts_with("forward") {
+        "; FORWARD alone is not offered: consumers decode old and new payloads of a version \
+         with one struct, so every rule includes BACKWARD"
+    } else {
+        ""
+    };
+    cx.error_spanned_by(
+        expr,
+        format!(
+            "`compat` is \"backward\" (the default: new variants allowed) or \"full\" (a new \
+             enum variant needs a new version){forward}"
+        ),
+    );
+    None
 }
 
 /// The value of `version = N`: an integer from 1 to `u32::MAX`.

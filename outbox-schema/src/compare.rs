@@ -466,7 +466,10 @@ mod tests {
     }
 
     fn lock(entries: Vec<EventEntry>) -> Lock {
-        Lock { events: entries }
+        Lock {
+            events: entries,
+            ..Lock::default()
+        }
     }
 
     fn v1() -> EventEntry {
@@ -561,6 +564,7 @@ mod tests {
             repr: None,
             fields: vec![field("0", inner)],
             variants: Vec::new(),
+            closed: false,
         };
         let lock = lock(vec![v1()]);
         let actual = event(
@@ -629,6 +633,7 @@ mod tests {
         // And back: the newtype recorded, its field's type now.
         let lock = super::Lock {
             events: vec![known_with(newtype("i64"))],
+            ..super::Lock::default()
         };
         let verdict = check_event(&lock, &v1(), "outbox.lock");
         assert_eq!((verdict.findings, verdict.unsettled), (vec![], vec![]));

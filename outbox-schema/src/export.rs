@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
-use syn::{GenericArgument, PathArguments, Type};
+use syn::Type;
 
 use crate::schema_lock::{EventEntry, FieldEntry, Lock, TypeEntry, VariantEntry};
 use crate::shape::Kind;
@@ -300,7 +300,7 @@ impl Writer<'_> {
                 schema
             }
             Type::Path(path) if path.qself.is_none() => match path.path.segments.last() {
-                Some(last) => self.named(&last.ident.to_string(), &type_args(last)),
+                Some(last) => self.named(&last.ident.to_string(), &ty::type_args(last)),
                 None => undescribed(&ty::normalize(ty)),
             },
             other => undescribed(&ty::normalize(other)),
@@ -531,20 +531,6 @@ fn undescribed(ty: &str) -> Value {
 
 fn parse(spelling: &str) -> Option<Type> {
     syn::parse_str(spelling).ok()
-}
-
-fn type_args(segment: &syn::PathSegment) -> Vec<&Type> {
-    match &segment.arguments {
-        PathArguments::AngleBracketed(args) => args
-            .args
-            .iter()
-            .filter_map(|arg| match arg {
-                GenericArgument::Type(ty) => Some(ty),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
-    }
 }
 
 /// `name` as one reference token of a JSON pointer inside a URI fragment

@@ -12,6 +12,8 @@
 //! - [`compare`] checks an event against the lock, and [`shape`] holds the
 //!   compatibility rules as `const fn`s, so the code the derive generates
 //!   can apply them to nested payload types at compile time;
+//! - [`reader`] checks that a consumer's decoder reads every payload of a
+//!   recorded version (`cargo outbox check`);
 //! - [`export`] (feature `export`) writes the recorded contract as JSON
 //!   Schema and AsyncAPI documents.
 //!
@@ -34,6 +36,8 @@ pub mod ctxt;
 pub mod export;
 #[cfg(feature = "model")]
 pub mod model;
+#[cfg(feature = "model")]
+pub mod reader;
 #[cfg(feature = "model")]
 pub mod schema_lock;
 #[cfg(feature = "model")]

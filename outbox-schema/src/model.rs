@@ -415,6 +415,7 @@ impl<'a> Payload<'a> {
                     fields: variant.fields.iter().map(Field::entry).collect(),
                 })
                 .collect(),
+            closed: false,
         }
     }
 }

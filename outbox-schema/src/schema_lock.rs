@@ -51,10 +51,54 @@ pub fn lock_path(crate_dir: &Path, env_override: Option<&str>) -> PathBuf {
     }
 }
 
+/// Which changes a recorded version accepts, in a schema registry's terms.
+///
+/// Every rule is transitive: a change is checked against everything
+/// recorded for the version, so readers built from any state of its struct
+/// read payloads written by any other.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compat {
+    /// The default: readers of the current struct read every recorded
+    /// payload (BACKWARD_TRANSITIVE), and readers of any recorded state
+    /// read the current payloads (FORWARD_TRANSITIVE) except where an enum
+    /// gained a variant: new fields are `Option` or `#[serde(default)]`,
+    /// nothing recorded is removed or changed, variants may be added.
+    #[default]
+    Backward,
+    /// FULL_TRANSITIVE: as `Backward`, and a new enum variant needs a new
+    /// version too, since a reader of the recorded, closed enum fails on it.
+    Full,
+}
+
+impl Compat {
+    /// The value as written: `backward` or `full`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compat::Backward => "backward",
+            Compat::Full => "full",
+        }
+    }
+
+    /// The rule written `value`, if it is one.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "backward" => Some(Compat::Backward),
+            "full" => Some(Compat::Full),
+            _ => None,
+        }
+    }
+}
+
 /// The recorded events of one crate.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Lock {
+    /// The crate's compatibility rule, `compat = "full"` at the top of the
+    /// lock; an event's `#[domain_event(compat = "..")]` overrides it.
+    /// Kept by the command, which never writes it on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compat: Option<Compat>,
     /// Every recorded (event type, version), sorted.
     #[serde(default, rename = "event")]
     pub events: Vec<EventEntry>,
@@ -129,6 +173,11 @@ pub struct TypeEntry {
     /// An enum's variants.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub variants: Vec<VariantEntry>,
+    /// Set on the recorded enums of an event checked under `compat =
+    /// "full"` (see [`EventEntry::under`]), never written: its variants are
+    /// all its readers know.
+    #[serde(skip)]
+    pub closed: bool,
 }
 
 /// One serialized enum variant.
@@ -199,6 +248,16 @@ impl EventEntry {
     /// `event` version `version`, for messages.
     pub fn title(&self) -> String {
         format!("`{}` version {}", self.event, self.version)
+    }
+
+    /// The entry as its rule `compat` compares it: under `Full` every
+    /// recorded enum is closed (`TypeEntry::closed`).
+    pub fn under(&self, compat: Compat) -> EventEntry {
+        let mut entry = self.clone();
+        for ty in entry.types.values_mut() {
+            ty.closed = compat == Compat::Full && ty.kind == Kind::Enum;
+        }
+        entry
     }
 
     /// Whether `other` records the same JSON: equal but for the order of
@@ -423,6 +482,9 @@ impl Lock {
              # Commit it. Recorded versions are never changed: change a payload incompatibly\n\
              # by bumping the event's version.\n",
         );
+        if let Some(compat) = lock.compat {
+            let _ = writeln!(out, "\ncompat = {}", toml_str(compat.as_str()));
+        }
         for entry in &lock.events {
             out.push_str("\n[[event]]\n");
             let _ = writeln!(out, "event = {}", toml_str(&entry.event));
@@ -489,6 +551,7 @@ fn field_table(field: &FieldEntry) -> String {
         ("optional", field.optional),
         ("default", field.default),
         ("flatten", field.flatten),
+        ("omittable", field.omittable),
         ("opaque", field.opaque),
     ] {
         if set {
@@ -568,9 +631,11 @@ mod tests {
                         )],
                     },
                 ],
+                closed: false,
             },
         );
         Lock {
+            compat: None,
             events: vec![
                 EventEntry {
                     event: "OrderPlaced".into(),

@@ -11,7 +11,9 @@
 //! recorded field is still there with the same type and is not more
 //! required than before, every new field is optional (`Option<_>` or
 //! `#[serde(default)]`), and no enum variant disappeared. Added variants are
-//! accepted: they are new values, not a new shape of old ones.
+//! accepted (they are new values, not a new shape of old ones) unless the
+//! recorded enum is [`TypeShape::closed`]: under `compat = "full"` a new
+//! variant is a change old readers of the closed enum cannot read.
 
 /// What a payload type is on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +61,10 @@ pub struct TypeShape<'a> {
     pub fields: &'a [FieldShape<'a>],
     /// The serialized variants of an enum.
     pub variants: &'a [VariantShape<'a>],
+    /// A recorded enum under `compat = "full"`: its variants are all its
+    /// readers know, so a new one is incompatible. `false` for current
+    /// shapes.
+    pub closed: bool,
 }
 
 /// One serialized variant of an enum payload type.
@@ -351,6 +357,8 @@ pub enum Change {
     VariantRemoved,
     /// A variant became another kind (`from` -> `to`).
     VariantKindChanged,
+    /// A variant was added to a closed enum (`compat = "full"`).
+    VariantAdded,
 }
 
 /// One incompatible change, located.
@@ -783,6 +791,22 @@ pub const fn problem_after<'a>(
             return Some(problem);
         }
     }
+    if recorded.closed {
+        let mut j = 0;
+        while j < actual.variants.len() {
+            let new = &actual.variants[j];
+            j += 1;
+            let mut known = false;
+            let mut i = 0;
+            while i < recorded.variants.len() {
+                known |= str_eq(recorded.variants[i].name, new.name);
+                i += 1;
+            }
+            if !known && wanted(skip) {
+                return Some(Problem::new(Change::VariantAdded, ty, "", new.name));
+            }
+        }
+    }
     None
 }
 
@@ -907,6 +931,10 @@ impl Message {
                 .push(" variant to a ")
                 .push(problem.to)
                 .push(" variant"),
+            Change::VariantAdded => self.push("variant ").code(item).push(
+                " was added, which readers of the recorded version cannot read under \
+                 `compat = \"full\"`",
+            ),
         }
     }
 
@@ -940,6 +968,7 @@ impl Message {
             }
             Change::RenameAllChanged => self.push("or keep the old rule"),
             Change::VariantRemoved => self.push("or keep the variant"),
+            Change::VariantAdded => self.push("or leave the variant out of this version's enum"),
             Change::FlattenChanged
             | Change::ReprChanged
             | Change::KindChanged
@@ -1024,6 +1053,7 @@ mod tests {
             repr: "",
             fields,
             variants: &[],
+            closed: false,
         }
     }
 
@@ -1080,6 +1110,7 @@ mod tests {
             repr: "",
             fields: &SKU_FIELDS,
             variants: &[],
+            closed: false,
         };
         const SKU_TYPES: [&TypeShape<'static>; 1] = [&SKU];
         const CODE_FIELDS: [FieldShape<'static>; 1] = [FieldShape {
@@ -1180,6 +1211,7 @@ mod tests {
             repr: "",
             fields: &INNER_FIELDS,
             variants: &[],
+            closed: false,
         };
         const INNER_TYPES: [&TypeShape<'static>; 1] = [&INNER];
         let flat = |optional| FieldShape {
@@ -1432,6 +1464,19 @@ mod tests {
             variant("Cash", Kind::Unit, &[]),
         ];
         assert_eq!(message(&enum_of(&recorded), &enum_of(&added)), None);
+        // Under `compat = "full"` the recorded enum is closed.
+        let closed = TypeShape {
+            closed: true,
+            ..enum_of(&recorded)
+        };
+        assert_eq!(
+            message(&closed, &enum_of(&added)).as_deref(),
+            Some(
+                "in `Payment`, variant `Cash` was added, which readers of the recorded version \
+                 cannot read under `compat = \"full\"`"
+            )
+        );
+        assert_eq!(message(&closed, &enum_of(&recorded)), None);
         let removed = [variant("Transfer", Kind::Struct, &iban)];
         assert_eq!(
             message(&enum_of(&recorded), &enum_of(&removed)).as_deref(),

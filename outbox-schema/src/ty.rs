@@ -225,17 +225,7 @@ pub fn wire(ty: &Type) -> String {
             let Some(last) = path.path.segments.last() else {
                 return spell(ty, &wire);
             };
-            let args: Vec<&Type> = match &last.arguments {
-                PathArguments::AngleBracketed(args) => args
-                    .args
-                    .iter()
-                    .filter_map(|arg| match arg {
-                        GenericArgument::Type(ty) => Some(ty),
-                        _ => None,
-                    })
-                    .collect(),
-                _ => Vec::new(),
-            };
+            let args = type_args(last);
             match (last.ident.to_string().as_str(), args.as_slice()) {
                 ("str", []) => "String".to_owned(),
                 (wrapper, [inner]) if TRANSPARENT.contains(&wrapper) => wire(inner),
@@ -404,6 +394,23 @@ pub fn payload_names_in(normalized: &str, generic_params: &[String]) -> Vec<Stri
 
 fn compact<T: ToTokens>(tokens: &T) -> String {
     tokens.to_token_stream().to_string().replace(' ', "")
+}
+
+/// The type arguments of a path segment: `[String, Line]` for
+/// `BTreeMap<String, Line>`, empty for `Line`. Lifetimes and const
+/// arguments are left out.
+pub fn type_args(segment: &syn::PathSegment) -> Vec<&Type> {
+    match &segment.arguments {
+        PathArguments::AngleBracketed(args) => args
+            .args
+            .iter()
+            .filter_map(|arg| match arg {
+                GenericArgument::Type(ty) => Some(ty),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 #[cfg(test)]

@@ -23,9 +23,8 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use order_consumer::events::OrderEvent;
+use order_consumer::events::{OrderEvent, OrderLineAdded};
 use order_consumer::summary;
-use order_service::events::OrderLineAdded;
 use outbox_core::{EventMetadata, GapPolicy, Inbox, Outcome};
 use outbox_tests::{Backend, TestDb};
 use sea_orm::{DatabaseConnection, DbErr, TransactionTrait};
@@ -252,7 +251,6 @@ fn events(args: &Args, round: usize, mode: usize) -> Vec<(EventMetadata, OrderEv
             };
             let event = OrderEvent::LineAdded(OrderLineAdded {
                 order_id,
-                sku: "book".into(),
                 quantity: 1,
                 unit_price_cents: 2500,
             });

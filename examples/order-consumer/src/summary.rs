@@ -56,8 +56,8 @@ pub async fn apply<C: ConnectionTrait>(db: &C, event: &OrderEvent) -> Result<(),
         OrderEvent::Placed(placed) => change.customer = Some(placed.customer.clone()),
         OrderEvent::LineAdded(line) => {
             change.lines = 1;
-            change.items = i64::from(line.quantity);
-            change.total_cents = i64::from(line.quantity) * line.unit_price_cents;
+            change.items = line.quantity;
+            change.total_cents = line.quantity * line.unit_price_cents;
         }
         OrderEvent::Paid(paid) => change.paid_cents = paid.amount_cents,
     }
