@@ -20,7 +20,9 @@ use clap::Args;
 use outbox_schema::reader;
 use outbox_schema::schema_lock::{EventEntry, Lock};
 
-use crate::{record, sources};
+use outbox_schema::sources;
+
+use crate::record;
 
 /// `cargo outbox check` options.
 #[derive(Args)]
@@ -41,7 +43,7 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let contract = Lock::read(&args.contract)?
         .with_context(|| format!("no contract at {}", args.contract.display()))?;
     let crate_dir = crate::crate_dir(args.manifest_path.as_deref())?;
-    let sources = sources::scan(&crate_dir, &args.sources)?;
+    let sources = sources::scan(&crate_dir, &args.sources).map_err(anyhow::Error::msg)?;
     let recorded = record::record(&sources, &Lock::default(), "the decoders");
     let mut errors = recorded.errors;
     let decoders = recorded.lock.events;

@@ -14,7 +14,6 @@
 mod check;
 mod record;
 mod schema;
-mod sources;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -22,6 +21,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use outbox_schema::schema_lock::{LOCK_ENV, LOCK_FILE, Lock, RECORD_COMMAND, lock_path};
+use outbox_schema::sources;
 
 /// Invoked by cargo as `cargo outbox ...`.
 #[derive(Parser)]
@@ -86,7 +86,7 @@ fn lock(args: &LockArgs) -> anyhow::Result<ExitCode> {
         _ => LOCK_FILE.to_owned(),
     };
     let lock = Lock::read(&path)?.unwrap_or_default();
-    let sources = sources::scan(&crate_dir, &args.sources)?;
+    let sources = sources::scan(&crate_dir, &args.sources).map_err(anyhow::Error::msg)?;
     if sources.events.is_empty() && lock.events.is_empty() {
         let dirs: Vec<String> = args
             .sources

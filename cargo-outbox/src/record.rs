@@ -5,16 +5,12 @@
 
 use std::collections::BTreeMap;
 
-use outbox_schema::compare::{self, ObjectCheck, Site, Status, Unsettled};
+use outbox_schema::compare::{self, Site, Status};
 use outbox_schema::ctxt::Ctxt;
-use outbox_schema::model::{Event, Payload};
-use outbox_schema::schema_lock::{EventEntry, FieldEntry, Lock, TypeEntry, json_of};
-use outbox_schema::shape::{
-    FieldShape, TypeShape, VariantShape, nested_mismatch, object_mismatch, settle_mismatch,
-};
-use outbox_schema::ty;
-
-use crate::sources::{Item, Sources};
+use outbox_schema::leaked;
+use outbox_schema::model::Event;
+use outbox_schema::schema_lock::{EventEntry, Lock};
+use outbox_schema::sources::Sources;
 
 /// What recording found.
 #[derive(Default)]
@@ -58,7 +54,10 @@ pub fn record(sources: &Sources, lock: &Lock, lock_name: &str) -> Outcome {
             ));
             continue;
         }
-        actual.types = nested_types(&event, item, sources, &mut outcome);
+        let nested = sources.nested_types(&event, &here);
+        outcome.errors.extend(nested.errors);
+        outcome.notes.extend(nested.outside);
+        actual.types = nested.types;
 
         let verdict = compare::check_event(lock, &actual, lock_name);
         if !matches!(verdict.status, Status::New | Status::Bumped { .. }) {
@@ -75,14 +74,14 @@ pub fn record(sources: &Sources, lock: &Lock, lock_name: &str) -> Outcome {
             .entry(&actual.event, actual.version)
             .map(|entry| entry.under(compat));
         if let Some(check) = &verdict.object {
-            for message in object_changes(recorded.as_ref(), &actual, check) {
+            for message in leaked::object_changes(recorded.as_ref(), &actual, check) {
                 let here = item.location(event.attrs.version_span);
                 outcome.errors.push(format!("{here}: {message}"));
                 status = Status::Rejected;
             }
         }
         for unsettled in &verdict.unsettled {
-            if let Some(message) = settle(recorded.as_ref(), &actual, unsettled) {
+            if let Some(message) = leaked::settle(recorded.as_ref(), &actual, unsettled) {
                 let span = finding_span(&event, Site::Field(unsettled.field));
                 outcome
                     .errors
@@ -103,40 +102,6 @@ pub fn record(sources: &Sources, lock: &Lock, lock_name: &str) -> Outcome {
     let mut seen_notes = std::collections::BTreeSet::new();
     outcome.notes.retain(|note| seen_notes.insert(note.clone()));
     outcome
-}
-
-/// What the type of field `unsettled.field` of `actual` changed since its
-/// recorded type, settled as the derive settles it: `None` if readers of
-/// the recorded type read it.
-fn settle(
-    recorded: Option<&EventEntry>,
-    actual: &EventEntry,
-    unsettled: &Unsettled,
-) -> Option<String> {
-    let Some(recorded) = recorded else {
-        return Some(unsettled.message.clone());
-    };
-    let shapes =
-        |ty: Option<&str>, types| ty.map_or_else(Vec::new, |ty| leak_types_in(ty, types, &[]));
-    let recorded_ty = recorded
-        .fields
-        .iter()
-        .find(|field| field.name == unsettled.recorded_field)
-        .map(|field| field.ty.as_str());
-    let actual_ty = actual
-        .fields
-        .get(unsettled.field)
-        .map(|field| field.ty.as_str());
-    settle_mismatch(
-        &unsettled.recorded,
-        &shapes(recorded_ty, &recorded.types),
-        &unsettled.actual,
-        &shapes(actual_ty, &actual.types),
-        &unsettled.nested_prefix,
-        &unsettled.fix,
-        &unsettled.message,
-    )
-    .map(|message| message.as_str().to_owned())
 }
 
 /// Where a finding about `event` points: the field, attribute or version
@@ -192,7 +157,7 @@ fn apply_verdict(
                 .versions(&actual.event)
                 .last()
                 .map_or(1, |e| e.version + 1);
-            let problems = nested_problems(recorded, &actual, lock_name, next);
+            let problems = leaked::nested_problems(recorded, &actual, None, lock_name, next);
             let rejected = !problems.is_empty();
             for message in problems {
                 outcome.errors.push(format!("{here}: {message}"));
@@ -205,219 +170,6 @@ fn apply_verdict(
             }
         }
     }
-}
-
-/// The payload types reachable from the fields of `event`, by name.
-fn nested_types(
-    event: &Event<'_>,
-    item: &Item,
-    sources: &Sources,
-    outcome: &mut Outcome,
-) -> BTreeMap<String, TypeEntry> {
-    let mut types = BTreeMap::new();
-    let params = event.type_params();
-    let mut pending: Vec<(String, String)> = Vec::new();
-    for field in &event.fields {
-        for inner in field.payload_types(&params) {
-            let used_by = format!(
-                "field `{}` of {} ({})",
-                field.name,
-                event.entry().title(),
-                item.location(event.ident.span())
-            );
-            pending.push((ty::payload_name(inner), used_by));
-        }
-    }
-    while let Some((name, used_by)) = pending.pop() {
-        if types.contains_key(&name) {
-            continue;
-        }
-        let payload_item = match sources.payloads.get(&name).map(Vec::as_slice) {
-            Some([only]) => only,
-            Some(several) => {
-                let places: Vec<String> = several
-                    .iter()
-                    .map(|item| item.location(item.input.ident.span()))
-                    .collect();
-                outcome.errors.push(format!(
-                    "`{name}` is defined more than once ({}); payload types are recorded by \
-                     name, so give them distinct names",
-                    places.join(", ")
-                ));
-                continue;
-            }
-            None => {
-                match sources.other_types.get(&name) {
-                    Some(location) => outcome.errors.push(format!(
-                        "{location}: `{name}` is nested in event payloads but does not derive \
-                         EventPayload; add #[derive(EventPayload)] so its shape is recorded and \
-                         checked"
-                    )),
-                    None => outcome.notes.push(format!(
-                        "`{name}`, used by {used_by}, is not defined in this crate: its shape is \
-                         not recorded, so it is compared by name only"
-                    )),
-                }
-                continue;
-            }
-        };
-        let cx = Ctxt::default();
-        let payload = Payload::from_ast(&cx, &payload_item.input);
-        if let Err(errors) = cx.check() {
-            for error in errors {
-                outcome
-                    .errors
-                    .push(format!("{}: {error}", payload_item.location(error.span())));
-            }
-            continue;
-        }
-        let Some(payload) = payload else { continue };
-        for field in payload.all_fields() {
-            for inner in field.payload_types(&[]) {
-                let inner_name = ty::payload_name(inner);
-                if inner_name != name {
-                    pending.push((inner_name, format!("`{name}`")));
-                }
-            }
-        }
-        types.insert(name, payload.entry());
-    }
-    types
-}
-
-/// Every incompatible change in the payload types nested in `actual` since
-/// `recorded`, as messages.
-fn nested_problems(
-    recorded: &EventEntry,
-    actual: &EventEntry,
-    lock_name: &str,
-    next: u32,
-) -> Vec<String> {
-    let mut problems = Vec::new();
-    for field in &recorded.fields {
-        if field.opaque {
-            continue;
-        }
-        for name in ty::payload_names_in(&field.ty, &[]) {
-            let (Some(old), Some(new)) = (
-                leak_shape(&name, &recorded.types, &mut Vec::new()),
-                leak_shape(&name, &actual.types, &mut Vec::new()),
-            ) else {
-                continue;
-            };
-            let prefix = compare::mismatch(recorded, lock_name, Some(&field.name));
-            let fix = compare::bump_fix(next);
-            problems.extend(
-                (0..)
-                    .map_while(|n| nested_mismatch(old, new, n, &prefix, &fix))
-                    .map(|message| message.as_str().to_owned()),
-            );
-        }
-    }
-    problems
-}
-
-/// The shape of the payload type `name` from `types`, with its nested
-/// types, as the derive builds it. Leaked: this is a short-lived command.
-fn leak_shape(
-    name: &str,
-    types: &BTreeMap<String, TypeEntry>,
-    path: &mut Vec<String>,
-) -> Option<&'static TypeShape<'static>> {
-    let entry = types.get(name)?;
-    path.push(name.to_owned());
-    let struct_fields = leak_fields(&entry.fields, types, path);
-    let variants: Vec<VariantShape<'static>> = entry
-        .variants
-        .iter()
-        .map(|variant| VariantShape {
-            name: leak(&variant.name),
-            rust_name: leak(variant.rust_name()),
-            kind: variant.kind,
-            fields: leak_fields(&variant.fields, types, path),
-        })
-        .collect();
-    let shape = TypeShape {
-        name: leak(name),
-        kind: entry.kind,
-        rename_all: leak(entry.rename_all.as_deref().unwrap_or("")),
-        repr: leak(entry.repr.as_deref().unwrap_or("")),
-        fields: struct_fields,
-        variants: Box::leak(variants.into_boxed_slice()),
-        closed: entry.closed,
-    };
-    path.pop();
-    Some(Box::leak(Box::new(shape)))
-}
-
-/// The shapes of `fields`, whose payload types are in `types` (those in
-/// `path`, being expanded, left out), as the derive builds them. Leaked.
-fn leak_fields(
-    fields: &[FieldEntry],
-    types: &BTreeMap<String, TypeEntry>,
-    path: &[String],
-) -> &'static [FieldShape<'static>] {
-    let shapes: Vec<FieldShape<'static>> = fields
-        .iter()
-        .map(|field| {
-            let nested = if field.opaque {
-                Vec::new()
-            } else {
-                leak_types_in(&field.ty, types, path)
-            };
-            FieldShape {
-                name: leak(&field.name),
-                rust_name: leak(field.rust_name()),
-                ty: leak(&field.ty),
-                wire: leak(&json_of(&field.ty, types)),
-                optional: field.optional,
-                default: field.default,
-                flatten: field.flatten,
-                omittable: field.omittable,
-                types: Box::leak(nested.into_boxed_slice()),
-            }
-        })
-        .collect();
-    Box::leak(shapes.into_boxed_slice())
-}
-
-/// The shapes of the payload types in the type `ty`, from `types` (those
-/// in `path`, being expanded, left out), as the derive builds them. Leaked.
-fn leak_types_in(
-    ty: &str,
-    types: &BTreeMap<String, TypeEntry>,
-    path: &[String],
-) -> Vec<&'static TypeShape<'static>> {
-    ty::payload_names_in(ty, &[])
-        .iter()
-        .filter(|inner| !path.contains(inner))
-        .filter_map(|inner| leak_shape(inner, types, &mut path.to_vec()))
-        .collect()
-}
-
-fn leak(text: &str) -> &'static str {
-    Box::leak(text.to_owned().into_boxed_str())
-}
-
-/// What the keys of `actual`'s JSON object changed since `recorded`'s
-/// (an event that flattens a payload type), as the derive settles it: a
-/// message per problem.
-fn object_changes(
-    recorded: Option<&EventEntry>,
-    actual: &EventEntry,
-    check: &ObjectCheck,
-) -> Vec<String> {
-    let Some(recorded) = recorded else {
-        return Vec::new();
-    };
-    let (old, new) = (
-        leak_fields(&recorded.fields, &recorded.types, &[]),
-        leak_fields(&actual.fields, &actual.types, &[]),
-    );
-    (0..)
-        .map_while(|n| object_mismatch(old, new, n, &check.prefix, &check.fix))
-        .map(|message| message.as_str().to_owned())
-        .collect()
 }
 
 #[cfg(test)]

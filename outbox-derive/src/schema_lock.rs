@@ -9,10 +9,13 @@
 //!   variable does;
 //! - a `compile_error!` for every problem, at the field it is about (the
 //!   version attribute for a removed field);
-//! - for an event that matches its entry, a constant per payload type nested
-//!   in a field that compares the type's `EventPayload::SHAPE` with its
-//!   recorded shape during constant evaluation (only the compiler sees
-//!   those types), and one that requires `EventPayload` of every other;
+//! - for an event that matches its entry, a `compile_error!` at the field
+//!   for every incompatible change of a payload type nested in it, when the
+//!   crate's sources define them all; and in any case a constant per nested
+//!   payload type that compares the type's `EventPayload::SHAPE` with its
+//!   recorded shape during constant evaluation (the compiler's view, for
+//!   types the sources do not show), and one that requires `EventPayload`
+//!   of every other;
 //! - a constant per field whose type changed its spelling in a way only
 //!   those shapes can settle (a newtype, an alias, a copy of a recorded
 //!   payload type under another name: `compare::Unsettled`), and one for
@@ -22,9 +25,10 @@
 use std::path::{Path, PathBuf};
 
 use outbox_schema::compare::{self, ObjectCheck, Site, Status, Unsettled};
+use outbox_schema::ctxt::Ctxt;
 use outbox_schema::model::Event;
 use outbox_schema::schema_lock::{Compat, EventEntry, LOCK_ENV, LOCK_FILE, Lock, RECORD_COMMAND};
-use outbox_schema::ty;
+use outbox_schema::{leaked, sources, ty};
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
@@ -85,13 +89,38 @@ pub fn check_event(event: &Event<'_>) -> TokenStream {
         .findings
         .iter()
         .map(|finding| error_at(event, finding.site, &finding.message));
-    let nested = match verdict.status {
-        Status::Recorded | Status::Additive => nested_checks(event, &lock, compat, &lock_name),
-        Status::New | Status::Bumped { .. } | Status::Rejected => TokenStream::new(),
-    };
     let recorded = lock
         .entry(&event.attrs.name, event.attrs.version)
         .map(|entry| entry.under(compat));
+    let nests = matches!(verdict.status, Status::Recorded | Status::Additive)
+        && event.type_params().is_empty()
+        && event
+            .fields
+            .iter()
+            .any(|field| !field.payload_types(&[]).is_empty());
+    if nests || !verdict.unsettled.is_empty() || verdict.object.is_some() {
+        let in_sources = Recorded {
+            lock: &lock,
+            name: &lock_name,
+            crate_dir: &crate_dir,
+        };
+        let reported: Vec<&str> = verdict
+            .findings
+            .iter()
+            .map(|f| f.message.as_str())
+            .collect();
+        let judged = problems_in_sources(event, &in_sources, compat, &reported).unwrap_or_default();
+        if !judged.is_empty() {
+            // Judged from the sources: each problem is an error at its
+            // field, and the constants would only say the same again.
+            let include = include_lock(&path);
+            return quote!(#(#errors)* #(#judged)* #include #track_env);
+        }
+    }
+    let nested = match (nests, &recorded) {
+        (true, Some(recorded)) => nested_checks(event, &lock, recorded, &lock_name),
+        _ => TokenStream::new(),
+    };
     let settle = verdict
         .unsettled
         .iter()
@@ -206,18 +235,133 @@ fn settle_check(
     }
 }
 
-/// The checks of the payload types nested in the fields of `event`, which
-/// matches its entry in `lock`, under the rule `compat`.
-fn nested_checks(event: &Event<'_>, lock: &Lock, compat: Compat, lock_name: &str) -> TokenStream {
-    let params = event.type_params();
-    if !params.is_empty() {
-        // A type parameter's payload types are only known per use.
-        return TokenStream::new();
+/// The lock an event is checked against, and where.
+struct Recorded<'a> {
+    lock: &'a Lock,
+    /// The lock as messages name it.
+    name: &'a str,
+    crate_dir: &'a Path,
+}
+
+/// Every problem of `event` that the compiled types would settle (its
+/// nested payload types, newtypes and aliases in its fields, the keys of
+/// flattened types), judged instead from the crate's sources as `cargo
+/// outbox lock` judges them, as compile errors where they are reported;
+/// problems in `reported` are left out. `None` when the sources do not
+/// define the event and every payload type reachable from it exactly once:
+/// then only the compiled shapes can tell.
+fn problems_in_sources(
+    event: &Event<'_>,
+    lock: &Recorded<'_>,
+    compat: Compat,
+    reported: &[&str],
+) -> Option<Vec<TokenStream>> {
+    let actual = event_in_sources(event, lock.crate_dir)?;
+    let verdict = compare::check_event(lock.lock, &actual, lock.name);
+    let recorded = lock
+        .lock
+        .entry(&actual.event, actual.version)
+        .map(|entry| entry.under(compat));
+    let field_span = |index: usize| event.fields.get(index).map(|field| field.ty.span());
+    let error = |span, message: String| syn::Error::new(span, message).to_compile_error();
+    // What the sources settle that the event's own fields did not (an
+    // alias's or a newtype's contents).
+    let mut problems: Vec<TokenStream> = verdict
+        .findings
+        .iter()
+        .filter(|finding| !reported.contains(&finding.message.as_str()))
+        .map(|finding| error_at(event, finding.site, &finding.message))
+        .collect();
+    for unsettled in &verdict.unsettled {
+        if let Some(message) = leaked::settle(recorded.as_ref(), &actual, unsettled) {
+            problems.push(error(field_span(unsettled.field)?, message));
+        }
     }
-    let Some(recorded) = lock.entry(&event.attrs.name, event.attrs.version) else {
-        return TokenStream::new();
-    };
-    let recorded = &recorded.under(compat);
+    if let Some(check) = &verdict.object {
+        for message in leaked::object_changes(recorded.as_ref(), &actual, check) {
+            problems.push(error(event.attrs.version_span, message));
+        }
+    }
+    if let (Status::Recorded | Status::Additive, Some(recorded)) = (&verdict.status, &recorded) {
+        let next = lock
+            .lock
+            .versions(&actual.event)
+            .last()
+            .map_or(recorded.version, |entry| entry.version)
+            + 1;
+        for (index, field) in event.fields.iter().enumerate() {
+            let span = field
+                .payload_types(&[])
+                .first()
+                .map(|inner| inner.span())
+                .or_else(|| field_span(index))?;
+            for message in
+                leaked::nested_problems(recorded, &actual, Some(&field.name), lock.name, next)
+            {
+                problems.push(error(span, message));
+            }
+        }
+    }
+    Some(problems)
+}
+
+/// `event` as the crate's sources declare it (the files under `src` and the
+/// file the derive is expanded in), with every payload type nested in it,
+/// as `cargo outbox lock` records it. `None` unless the sources declare it
+/// once, with the fields the derive sees, and define each of its payload
+/// types once (or when they cannot be read).
+fn event_in_sources(event: &Event<'_>, crate_dir: &Path) -> Option<EventEntry> {
+    let src = crate_dir.join("src");
+    let mut sources = sources::scan(crate_dir, &[PathBuf::from("src")]).ok()?;
+    // Relative to the compiler's working directory, which is the macro's.
+    let invoked_in = proc_macro::is_available()
+        .then(|| proc_macro::Span::call_site().local_file())
+        .flatten()
+        .and_then(|file| std::fs::canonicalize(file).ok());
+    if let Some(file) = invoked_in
+        && !std::fs::canonicalize(&src).is_ok_and(|src| file.starts_with(src))
+    {
+        let text = std::fs::read_to_string(&file).ok()?;
+        sources.add_file(&file, &text).ok()?;
+        sources.resolve_aliases();
+    }
+    let mut found = sources
+        .events
+        .iter()
+        .filter(|item| item.input.ident == *event.ident)
+        .filter_map(|item| {
+            let cx = Ctxt::default();
+            let declared = Event::from_ast(&cx, &item.input);
+            cx.check().ok()?;
+            let declared = declared?;
+            let same = declared.attrs.name == event.attrs.name
+                && declared.attrs.version == event.attrs.version
+                && declared.fields.len() == event.fields.len();
+            if !same {
+                return None;
+            }
+            let nested = sources.nested_types(&declared, "");
+            let complete = nested.complete();
+            let mut entry = declared.entry();
+            entry.types = nested.types;
+            // Found, but only judged when every payload type is known.
+            Some(complete.then_some(entry))
+        });
+    let entry = found.next()??;
+    found.next().is_none().then_some(entry)
+}
+
+/// The checks of the payload types nested in the fields of `event`, which
+/// matches its entry `recorded` (under the event's compatibility rule) in
+/// `lock`: a constant per nested payload type that compares its compiled
+/// `EventPayload::SHAPE` with its recorded shape, and one that requires
+/// `EventPayload` of every other.
+fn nested_checks(
+    event: &Event<'_>,
+    lock: &Lock,
+    recorded: &EventEntry,
+    lock_name: &str,
+) -> TokenStream {
     let latest = lock
         .versions(&event.attrs.name)
         .last()
@@ -226,7 +370,7 @@ fn nested_checks(event: &Event<'_>, lock: &Lock, compat: Compat, lock_name: &str
     let mut checks = TokenStream::new();
     for field in &event.fields {
         let recorded_field = recorded.fields.iter().find(|r| r.name == field.name);
-        for inner in field.payload_types(&params) {
+        for inner in field.payload_types(&[]) {
             let name = ty::payload_name(inner);
             let inner = with_static_lifetimes(inner);
             let span = inner.span();

@@ -12,6 +12,9 @@
 //! - [`compare`] checks an event against the lock, and [`shape`] holds the
 //!   compatibility rules as `const fn`s, so the code the derive generates
 //!   can apply them to nested payload types at compile time;
+//! - [`sources`] reads a crate's events and payload types from its source
+//!   files, and [`leaked`] turns recorded types into shapes, so the same
+//!   rules judge them outside constant evaluation;
 //! - [`reader`] checks that a consumer's decoder reads every payload of a
 //!   recorded version (`cargo outbox check`);
 //! - [`export`] (feature `export`) writes the recorded contract as JSON
@@ -35,10 +38,14 @@ pub mod ctxt;
 #[cfg(feature = "export")]
 pub mod export;
 #[cfg(feature = "model")]
+pub mod leaked;
+#[cfg(feature = "model")]
 pub mod model;
 #[cfg(feature = "model")]
 pub mod reader;
 #[cfg(feature = "model")]
 pub mod schema_lock;
+#[cfg(feature = "model")]
+pub mod sources;
 #[cfg(feature = "model")]
 pub mod ty;

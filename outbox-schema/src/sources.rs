@@ -1,13 +1,20 @@
-//! The crate's Rust sources: every struct and enum deriving `DomainEvent` or
-//! `EventPayload`, and the names of the other types it defines.
+//! A crate's Rust sources: every struct and enum deriving `DomainEvent` or
+//! `EventPayload`, and the names of the other types it defines. `cargo
+//! outbox` records and checks events from them; the derive reads the
+//! payload types nested in an event from them, so that a change in one is
+//! reported like a change in the event.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context as _;
 use syn::visit::Visit;
 use syn::visit_mut::VisitMut;
 use syn::{Attribute, DeriveInput};
+
+use crate::ctxt::Ctxt;
+use crate::model::{Event, Payload};
+use crate::schema_lock::TypeEntry;
+use crate::ty;
 
 /// A struct or enum found in a source file.
 pub struct Item {
@@ -39,7 +46,7 @@ pub struct Sources {
 
 /// Reads every `.rs` file under `dirs` (relative to `crate_dir`; missing
 /// ones are skipped).
-pub fn scan(crate_dir: &Path, dirs: &[PathBuf]) -> anyhow::Result<Sources> {
+pub fn scan(crate_dir: &Path, dirs: &[PathBuf]) -> Result<Sources, String> {
     let mut files = Vec::new();
     for dir in dirs {
         collect_rs_files(&crate_dir.join(dir), &mut files)?;
@@ -48,7 +55,7 @@ pub fn scan(crate_dir: &Path, dirs: &[PathBuf]) -> anyhow::Result<Sources> {
     let mut sources = Sources::default();
     for path in files {
         let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+            .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
         let file = path.strip_prefix(crate_dir).unwrap_or(&path);
         sources.add_file(file, &text)?;
     }
@@ -58,10 +65,10 @@ pub fn scan(crate_dir: &Path, dirs: &[PathBuf]) -> anyhow::Result<Sources> {
 
 impl Sources {
     /// Adds the items of the source file `file` (as messages name it).
-    pub fn add_file(&mut self, file: &Path, text: &str) -> anyhow::Result<()> {
+    pub fn add_file(&mut self, file: &Path, text: &str) -> Result<(), String> {
         let syntax = syn::parse_file(text).map_err(|error| {
             let start = error.span().start();
-            anyhow::anyhow!(
+            format!(
                 "cannot parse {}:{}:{}: {error}; fix the syntax error first",
                 file.display(),
                 start.line,
@@ -113,7 +120,7 @@ impl VisitMut for Resolver<'_> {
             && path.qself.is_none()
             && let Some(last) = path.path.segments.last()
             && last.arguments.is_empty()
-            && let Some(named) = self.aliases.get(&outbox_schema::attr::unraw(&last.ident))
+            && let Some(named) = self.aliases.get(&crate::attr::unraw(&last.ident))
             && self.depth < 16
         {
             *ty = named.clone();
@@ -126,18 +133,15 @@ impl VisitMut for Resolver<'_> {
     }
 }
 
-fn collect_rs_files(dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+fn collect_rs_files(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), String> {
+    let cannot_read = |error: std::io::Error| format!("cannot read {}: {error}", dir.display());
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(error) => {
-            return Err(error).with_context(|| format!("cannot read {}", dir.display()));
-        }
+        Err(error) => return Err(cannot_read(error)),
     };
     for entry in entries {
-        let path = entry
-            .with_context(|| format!("cannot read {}", dir.display()))?
-            .path();
+        let path = entry.map_err(cannot_read)?.path();
         if path.is_dir() {
             collect_rs_files(&path, files)?;
         } else if path.extension().is_some_and(|ext| ext == "rs") {
@@ -154,7 +158,7 @@ struct Collector<'a> {
 
 impl Collector<'_> {
     fn add(&mut self, input: DeriveInput) {
-        let name = outbox_schema::attr::unraw(&input.ident);
+        let name = crate::attr::unraw(&input.ident);
         let item = Item {
             file: self.file.to_owned(),
             input,
@@ -183,7 +187,7 @@ impl<'ast> Visit<'ast> for Collector<'_> {
 
     fn visit_item_type(&mut self, item: &'ast syn::ItemType) {
         if item.generics.params.is_empty() {
-            let name = outbox_schema::attr::unraw(&item.ident);
+            let name = crate::attr::unraw(&item.ident);
             self.sources.aliases.insert(name, (*item.ty).clone());
         }
         syn::visit::visit_item_type(self, item);
@@ -207,4 +211,105 @@ fn derives(attrs: &[Attribute], name: &str) -> bool {
             });
             found
         })
+}
+
+/// The payload types reachable from an event's fields, as the sources
+/// define them.
+#[derive(Default)]
+pub struct NestedTypes {
+    /// Each payload type found, by name, as the lock records it.
+    pub types: BTreeMap<String, TypeEntry>,
+    /// Problems that stop the types from being recorded: a name defined
+    /// twice, a nested type without `EventPayload`, an invalid payload
+    /// type. One line each.
+    pub errors: Vec<String>,
+    /// Types the sources do not define (another crate's), one line each:
+    /// they are compared by name only.
+    pub outside: Vec<String>,
+}
+
+impl NestedTypes {
+    /// Whether every reachable type was found and read.
+    pub fn complete(&self) -> bool {
+        self.errors.is_empty() && self.outside.is_empty()
+    }
+}
+
+impl Sources {
+    /// The payload types reachable from the fields of `event`, declared at
+    /// `location` (`file:line`, for messages).
+    pub fn nested_types(&self, event: &Event<'_>, location: &str) -> NestedTypes {
+        let mut nested = NestedTypes::default();
+        let params = event.type_params();
+        let mut pending: Vec<(String, String)> = Vec::new();
+        for field in &event.fields {
+            for inner in field.payload_types(&params) {
+                let used_by = format!(
+                    "field `{}` of {} ({location})",
+                    field.name,
+                    event.entry().title(),
+                );
+                pending.push((ty::payload_name(inner), used_by));
+            }
+        }
+        while let Some((name, used_by)) = pending.pop() {
+            if nested.types.contains_key(&name) {
+                continue;
+            }
+            let Some(payload_item) = self.payload_item(&name, &used_by, &mut nested) else {
+                continue;
+            };
+            let cx = Ctxt::default();
+            let payload = Payload::from_ast(&cx, &payload_item.input);
+            if let Err(errors) = cx.check() {
+                for error in errors {
+                    let here = payload_item.location(error.span());
+                    nested.errors.push(format!("{here}: {error}"));
+                }
+                continue;
+            }
+            let Some(payload) = payload else { continue };
+            for field in payload.all_fields() {
+                for inner in field.payload_types(&[]) {
+                    let inner_name = ty::payload_name(inner);
+                    if inner_name != name {
+                        pending.push((inner_name, format!("`{name}`")));
+                    }
+                }
+            }
+            nested.types.insert(name, payload.entry());
+        }
+        nested
+    }
+
+    /// The one item deriving `EventPayload` named `name`, or why there is
+    /// none (added to `nested`).
+    fn payload_item(&self, name: &str, used_by: &str, nested: &mut NestedTypes) -> Option<&Item> {
+        match self.payloads.get(name).map(Vec::as_slice) {
+            Some([only]) => return Some(only),
+            Some(several) => {
+                let places: Vec<String> = several
+                    .iter()
+                    .map(|item| item.location(item.input.ident.span()))
+                    .collect();
+                nested.errors.push(format!(
+                    "`{name}` is defined more than once ({}); payload types are recorded by \
+                     name, so give them distinct names",
+                    places.join(", ")
+                ));
+            }
+            None => match self.other_types.get(name) {
+                Some(location) => nested.errors.push(format!(
+                    "{location}: `{name}` is nested in event payloads but does not derive \
+                     EventPayload; add #[derive(EventPayload)] so its shape is recorded and \
+                     checked"
+                )),
+                None => nested.outside.push(format!(
+                    "`{name}`, used by {used_by}, is not defined in this crate: its shape is \
+                     not recorded, so it is compared by name only"
+                )),
+            },
+        }
+        None
+    }
 }
