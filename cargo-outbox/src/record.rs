@@ -301,6 +301,35 @@ mod tests {
     }
 
     #[test]
+    fn under_compat_full_an_enum_with_an_other_variant_takes_new_variants() {
+        let open = V1.replace("Cash }", "Cash, #[serde(other)] Unknown }");
+        let v1 = Lock {
+            compat: Some(Compat::Full),
+            ..record_text(&Lock::default(), &open).lock
+        };
+        assert!(
+            v1.to_toml()
+                .contains("{ name = \"Unknown\", kind = \"unit\", other = true }"),
+            "{}",
+            v1.to_toml()
+        );
+        let added = open.replace("Cash,", "Cash, Voucher { code: String },");
+        let outcome = record_text(&v1, &added);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert_eq!(
+            outcome.changes,
+            ["recorded additive changes of `OrderPlaced` version 1"]
+        );
+
+        // Taking `other` away closes the enum again: a change of what
+        // readers accept, recorded like any other.
+        let closed = added.replace("#[serde(other)] ", "");
+        let outcome = record_text(&outcome.lock, &closed);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert!(!outcome.lock.to_toml().contains("other = true"));
+    }
+
+    #[test]
     fn changes_that_write_the_same_json_leave_the_lock_as_it_was() {
         let v1 = record_text(&Lock::default(), V1).lock;
         let same_json = V1

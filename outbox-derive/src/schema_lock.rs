@@ -22,7 +22,9 @@
 //!   the keys of an event that flattens a payload type
 //!   (`compare::ObjectCheck`).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use outbox_schema::compare::{self, ObjectCheck, Site, Status, Unsettled};
 use outbox_schema::ctxt::Ctxt;
@@ -311,44 +313,96 @@ fn problems_in_sources(
 /// once, with the fields the derive sees, and define each of its payload
 /// types once (or when they cannot be read).
 fn event_in_sources(event: &Event<'_>, crate_dir: &Path) -> Option<EventEntry> {
+    let declared = declared_events(crate_dir)?;
+    let ident = event.ident.to_string();
+    let mut found = declared.iter().filter(|declared| {
+        declared.ident == ident
+            && declared.name == event.attrs.name
+            && declared.version == event.attrs.version
+            && declared.fields == event.fields.len()
+    });
+    let entry = found.next()?.entry.clone()?;
+    found.next().is_none().then_some(entry)
+}
+
+/// An event the sources declare.
+struct Declared {
+    ident: String,
+    name: String,
+    version: u32,
+    /// How many fields it has.
+    fields: usize,
+    /// Its entry with every nested payload type, if the sources define
+    /// each of them once.
+    entry: Option<EventEntry>,
+}
+
+/// Each source file's path, size and modification time.
+type Fingerprint = Vec<(PathBuf, Option<(u64, std::time::SystemTime)>)>;
+
+/// The events the sources declare, by crate directory and the file a
+/// derive is expanded in, with the fingerprint of the files they were read
+/// from: a compiler expands every derive of a crate in one process, and an
+/// editor's macro server for hours, while the files change.
+type DeclaredCache = BTreeMap<(PathBuf, Option<PathBuf>), (Fingerprint, Arc<Vec<Declared>>)>;
+
+static DECLARED: Mutex<DeclaredCache> = Mutex::new(BTreeMap::new());
+
+/// The events declared in the files under `src` of `crate_dir` and in the
+/// file the derive is expanded in, read once per set of files.
+fn declared_events(crate_dir: &Path) -> Option<Arc<Vec<Declared>>> {
     let src = crate_dir.join("src");
-    let mut sources = sources::scan(crate_dir, &[PathBuf::from("src")]).ok()?;
+    let mut files = sources::files(crate_dir, &[PathBuf::from("src")]).ok()?;
     // Relative to the compiler's working directory, which is the macro's.
     let invoked_in = proc_macro::is_available()
         .then(|| proc_macro::Span::call_site().local_file())
         .flatten()
-        .and_then(|file| std::fs::canonicalize(file).ok());
-    if let Some(file) = invoked_in
-        && !std::fs::canonicalize(&src).is_ok_and(|src| file.starts_with(src))
+        .and_then(|file| std::fs::canonicalize(file).ok())
+        .filter(|file| !std::fs::canonicalize(&src).is_ok_and(|src| file.starts_with(src)));
+    files.extend(invoked_in.clone());
+    let fingerprint: Fingerprint = files
+        .iter()
+        .map(|file| {
+            let metadata = std::fs::metadata(file).ok();
+            let stamp = metadata.and_then(|m| Some((m.len(), m.modified().ok()?)));
+            (file.clone(), stamp)
+        })
+        .collect();
+    let key = (crate_dir.to_owned(), invoked_in);
+    let mut cache = DECLARED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((read_from, declared)) = cache.get(&key)
+        && *read_from == fingerprint
     {
-        let text = std::fs::read_to_string(&file).ok()?;
-        sources.add_file(&file, &text).ok()?;
-        sources.resolve_aliases();
+        return Some(Arc::clone(declared));
     }
-    let mut found = sources
+    let sources = sources::read(crate_dir, &files).ok()?;
+    let declared: Vec<Declared> = sources
         .events
         .iter()
-        .filter(|item| item.input.ident == *event.ident)
         .filter_map(|item| {
             let cx = Ctxt::default();
-            let declared = Event::from_ast(&cx, &item.input);
+            let event = Event::from_ast(&cx, &item.input);
             cx.check().ok()?;
-            let declared = declared?;
-            let same = declared.attrs.name == event.attrs.name
-                && declared.attrs.version == event.attrs.version
-                && declared.fields.len() == event.fields.len();
-            if !same {
-                return None;
-            }
-            let nested = sources.nested_types(&declared, "");
+            let event = event?;
+            let nested = sources.nested_types(&event, "");
             let complete = nested.complete();
-            let mut entry = declared.entry();
+            let mut entry = event.entry();
             entry.types = nested.types;
-            // Found, but only judged when every payload type is known.
-            Some(complete.then_some(entry))
-        });
-    let entry = found.next()??;
-    found.next().is_none().then_some(entry)
+            Some(Declared {
+                ident: event.ident.to_string(),
+                name: event.attrs.name.clone(),
+                version: event.attrs.version,
+                fields: event.fields.len(),
+                // Only judged when every payload type is known.
+                entry: complete.then_some(entry),
+            })
+        })
+        .collect();
+    let declared = Arc::new(declared);
+    cache.insert(key, (fingerprint, Arc::clone(&declared)));
+    Some(declared)
 }
 
 /// The checks of the payload types nested in the fields of `event`, which

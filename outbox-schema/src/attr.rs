@@ -540,6 +540,9 @@ pub struct SerdeField {
     pub rename_all: Option<RenameRule>,
     /// Where `skip_serializing_if` is written: the key may be left out.
     pub skip_serializing_if: Option<Span>,
+    /// `other` on a unit variant: readers read any variant they do not
+    /// know as this one.
+    pub other: bool,
     /// Attributes the contract does not model, to refuse.
     pub refused: Vec<Refused>,
 }
@@ -565,6 +568,8 @@ impl SerdeField {
             } else if meta.path.is_ident("skip_serializing_if") {
                 field.skip_serializing_if = Some(meta.path.span());
                 skip_value(meta)?;
+            } else if meta.path.is_ident("other") {
+                field.other = true;
             } else {
                 field.refused.extend(refused_key(meta, &FIELD_REFUSED));
                 skip_value(meta)?;

@@ -276,6 +276,8 @@ pub struct Variant<'a> {
     pub kind: Kind,
     /// The serialized fields.
     pub fields: Vec<Field<'a>>,
+    /// `#[serde(other)]`: readers read unknown variants as this one.
+    pub other: bool,
 }
 
 impl<'a> Payload<'a> {
@@ -344,6 +346,7 @@ impl<'a> Payload<'a> {
                             rust_name,
                             kind,
                             fields,
+                            other: attrs.other,
                         })
                     })
                     .collect();
@@ -413,6 +416,7 @@ impl<'a> Payload<'a> {
                     rust: (variant.rust_name != variant.name).then(|| variant.rust_name.clone()),
                     kind: variant.kind,
                     fields: variant.fields.iter().map(Field::entry).collect(),
+                    other: variant.other,
                 })
                 .collect(),
             closed: false,

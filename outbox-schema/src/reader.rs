@@ -306,9 +306,14 @@ impl Check<'_> {
             );
             return;
         }
+        // serde reads an unknown tag as the `#[serde(other)]` unit variant
+        // of an internally or adjacently tagged enum.
+        let tagged = repr(r).starts_with("internal") || repr(r).starts_with("adjacent");
+        let reads_unknown = tagged && r.variants.iter().any(|read| read.other);
         for variant in &w.variants {
             let at = format!("{path}::{}", variant.name);
             match r.variants.iter().find(|read| read.name == variant.name) {
+                None if reads_unknown => {}
                 None => self.problem(
                     &at,
                     "the producer writes this variant, which the decoder does not have; add it"
@@ -549,6 +554,55 @@ mod tests {
             found[0].starts_with("`Shipped.carrier`") && found[0].contains("internal(type)"),
             "{}",
             found[0]
+        );
+    }
+
+    #[test]
+    fn a_tagged_enum_with_an_other_variant_reads_unknown_variants() {
+        let writer = entry(
+            r#"
+            [[event]]
+            event = "Shipped"
+            version = 1
+            aggregate = "Order"
+            fields = [{ name = "carrier", type = "Carrier" }]
+            [event.types.Carrier]
+            kind = "enum"
+            repr = "internal(type)"
+            variants = [
+                { name = "Post", kind = "unit" },
+                { name = "Drone", kind = "struct", fields = [{ name = "id", type = "u32" }] },
+            ]
+            "#,
+        );
+        let reader = |repr: &str, other: bool| {
+            entry(&format!(
+                r#"
+                [[event]]
+                event = "Shipped"
+                version = 1
+                aggregate = "Order"
+                fields = [{{ name = "carrier", type = "Carrier" }}]
+                [event.types.Carrier]
+                kind = "enum"
+                repr = "{repr}"
+                variants = [
+                    {{ name = "Post", kind = "unit" }},
+                    {{ name = "Unknown", kind = "unit", other = {other} }},
+                ]
+                "#
+            ))
+        };
+        assert_eq!(
+            problems(&writer, &reader("internal(type)", true)),
+            Vec::<String>::new()
+        );
+        let without = problems(&writer, &reader("internal(type)", false));
+        assert_eq!(without.len(), 1, "{without:#?}");
+        assert!(
+            without[0].starts_with("`Shipped.carrier::Drone`"),
+            "{}",
+            without[0]
         );
     }
 

@@ -194,6 +194,10 @@ pub struct VariantEntry {
     /// The variant's fields.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fields: Vec<FieldEntry>,
+    /// `#[serde(other)]`: readers read any variant they do not know as
+    /// this one, so the enum is open to new variants.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub other: bool,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -255,7 +259,10 @@ impl EventEntry {
     pub fn under(&self, compat: Compat) -> EventEntry {
         let mut entry = self.clone();
         for ty in entry.types.values_mut() {
-            ty.closed = compat == Compat::Full && ty.kind == Kind::Enum;
+            // An enum with a `#[serde(other)]` variant reads new variants.
+            ty.closed = compat == Compat::Full
+                && ty.kind == Kind::Enum
+                && !ty.variants.iter().any(|variant| variant.other);
         }
         entry
     }
@@ -266,7 +273,10 @@ impl EventEntry {
     /// it was leaves the lock as it was.
     pub fn same_json(&self, other: &EventEntry) -> bool {
         let same_variant = |a: &VariantEntry, b: &VariantEntry| {
-            a.rust == b.rust && a.kind == b.kind && same_json(&a.fields, &b.fields)
+            a.rust == b.rust
+                && a.kind == b.kind
+                && a.other == b.other
+                && same_json(&a.fields, &b.fields)
         };
         let same_type = |name: &String, entry: &TypeEntry| {
             other.types.get(name).is_some_and(|theirs| {
@@ -519,6 +529,9 @@ impl Lock {
                                 variant.fields.iter().map(field_table).collect();
                             table.push(("fields", format!("[{}]", fields.join(", "))));
                         }
+                        if variant.other {
+                            table.push(("other", "true".to_owned()));
+                        }
                         let _ = writeln!(out, "    {},", inline_table(&table));
                     }
                     out.push_str("]\n");
@@ -619,6 +632,7 @@ mod tests {
                         rust: Some("Card".into()),
                         kind: Kind::Unit,
                         fields: vec![],
+                        other: false,
                     },
                     VariantEntry {
                         name: "transfer".into(),
@@ -629,6 +643,7 @@ mod tests {
                             "iban".into(),
                             "String".into(),
                         )],
+                        other: false,
                     },
                 ],
                 closed: false,

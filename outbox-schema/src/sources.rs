@@ -47,16 +47,28 @@ pub struct Sources {
 /// Reads every `.rs` file under `dirs` (relative to `crate_dir`; missing
 /// ones are skipped).
 pub fn scan(crate_dir: &Path, dirs: &[PathBuf]) -> Result<Sources, String> {
+    read(crate_dir, &files(crate_dir, dirs)?)
+}
+
+/// Every `.rs` file under `dirs` (relative to `crate_dir`; missing ones are
+/// skipped), in order.
+pub fn files(crate_dir: &Path, dirs: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
     let mut files = Vec::new();
     for dir in dirs {
         collect_rs_files(&crate_dir.join(dir), &mut files)?;
     }
     files.sort();
+    Ok(files)
+}
+
+/// Reads the source files `files`, named relative to `crate_dir` when they
+/// are inside it.
+pub fn read(crate_dir: &Path, files: &[PathBuf]) -> Result<Sources, String> {
     let mut sources = Sources::default();
     for path in files {
-        let text = std::fs::read_to_string(&path)
+        let text = std::fs::read_to_string(path)
             .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-        let file = path.strip_prefix(crate_dir).unwrap_or(&path);
+        let file = path.strip_prefix(crate_dir).unwrap_or(path);
         sources.add_file(file, &text)?;
     }
     sources.resolve_aliases();
