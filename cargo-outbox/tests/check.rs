@@ -165,6 +165,52 @@ fn decoders_that_read_every_declared_version_pass() {
 }
 
 #[test]
+fn aliases_and_an_other_variant_widen_what_a_decoder_reads() {
+    let producer = contract(&[PRODUCER_V1]);
+    // `quantity` reads the producer's `qty` and `Online` its `Web` through
+    // their aliases, and the `other` variant reads `Store`, which the
+    // decoder does not name.
+    let qty_alias = "#[serde(alias = \"qty\")] ";
+    let web_alias = "#[serde(alias = \"Web\")] ";
+    let reads = READS_V1
+        .replace("pub qty: u64,", &format!("{qty_alias}pub quantity: u64,"))
+        .replace("Web,", &format!("{web_alias}Online,"))
+        .replace("Store { store_id: i64 },", "#[serde(other)] Unknown,");
+    let consumer = crate_with("consumer", &reads);
+    let output = check(consumer.path(), producer.path());
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    // Without `other`, only the variant nothing reads is named.
+    let closed = reads.replace("#[serde(other)] ", "");
+    let consumer = crate_with("consumer", &closed);
+    let output = check(consumer.path(), producer.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let errors = stderr(&output);
+    assert!(errors.contains("`OrderPlaced.channel::Store`"), "{errors}");
+    assert!(
+        !errors.contains("channel::Web") && !errors.contains("quantity"),
+        "{errors}"
+    );
+
+    // Without the aliases either, every path is named.
+    let unread = reads
+        .replace(qty_alias, "")
+        .replace(web_alias, "")
+        .replace("#[serde(other)] ", "");
+    let consumer = crate_with("consumer", &unread);
+    let output = check(consumer.path(), producer.path());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let errors = stderr(&output);
+    for path in [
+        "`OrderPlaced.lines[].quantity`",
+        "`OrderPlaced.channel::Web`",
+        "`OrderPlaced.channel::Store`",
+    ] {
+        assert!(errors.contains(path), "{path} in {errors}");
+    }
+}
+
+#[test]
 fn every_unreadable_path_is_reported_at_once() {
     let producer = contract(&[PRODUCER_V1]);
     let consumer = crate_with(

@@ -543,6 +543,8 @@ pub struct SerdeField {
     /// `other` on a unit variant: readers read any variant they do not
     /// know as this one.
     pub other: bool,
+    /// `alias = ".."`: other names readers accept.
+    pub aliases: Vec<String>,
     /// Attributes the contract does not model, to refuse.
     pub refused: Vec<Refused>,
 }
@@ -570,6 +572,8 @@ impl SerdeField {
                 skip_value(meta)?;
             } else if meta.path.is_ident("other") {
                 field.other = true;
+            } else if meta.path.is_ident("alias") {
+                field.aliases.push(meta.value()?.parse::<LitStr>()?.value());
             } else {
                 field.refused.extend(refused_key(meta, &FIELD_REFUSED));
                 skip_value(meta)?;

@@ -45,6 +45,8 @@ pub struct Field<'a> {
     pub omittable: bool,
     /// `#[domain_event(opaque)]`: compared by type name only.
     pub opaque: bool,
+    /// `#[serde(alias)]`: other keys readers accept.
+    pub aliases: Vec<String>,
     /// The field as written, for errors about it.
     pub source: &'a syn::Field,
 }
@@ -62,6 +64,7 @@ impl Field<'_> {
         entry.flatten = self.flatten;
         entry.omittable = self.omittable;
         entry.opaque = self.opaque;
+        entry.aliases.clone_from(&self.aliases);
         entry
     }
 
@@ -149,6 +152,7 @@ fn named_fields<'a>(
                 flatten: attrs.flatten,
                 omittable: attrs.skip_serializing_if.is_some(),
                 opaque: own.opaque,
+                aliases: attrs.aliases.clone(),
                 source: field,
             })
         })
@@ -278,6 +282,8 @@ pub struct Variant<'a> {
     pub fields: Vec<Field<'a>>,
     /// `#[serde(other)]`: readers read unknown variants as this one.
     pub other: bool,
+    /// `#[serde(alias)]`: other names readers accept.
+    pub aliases: Vec<String>,
 }
 
 impl<'a> Payload<'a> {
@@ -347,6 +353,7 @@ impl<'a> Payload<'a> {
                             kind,
                             fields,
                             other: attrs.other,
+                            aliases: attrs.aliases.clone(),
                         })
                     })
                     .collect();
@@ -417,6 +424,7 @@ impl<'a> Payload<'a> {
                     kind: variant.kind,
                     fields: variant.fields.iter().map(Field::entry).collect(),
                     other: variant.other,
+                    aliases: variant.aliases.clone(),
                 })
                 .collect(),
             closed: false,

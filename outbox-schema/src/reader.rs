@@ -118,7 +118,10 @@ impl Check<'_> {
         keys(read, self.reader, false, &mut reads);
         for key in &reads {
             let at = format!("{path}.{}", key.field.name);
-            let Some(written) = writes.iter().find(|w| w.field.name == key.field.name) else {
+            // serde reads a key under the field's name or any alias.
+            let Some(written) = writes.iter().find(|w| {
+                w.field.name == key.field.name || key.field.aliases.contains(&w.field.name)
+            }) else {
                 if !key.can_be_missing {
                     self.problem(
                         &at,
@@ -312,7 +315,10 @@ impl Check<'_> {
         let reads_unknown = tagged && r.variants.iter().any(|read| read.other);
         for variant in &w.variants {
             let at = format!("{path}::{}", variant.name);
-            match r.variants.iter().find(|read| read.name == variant.name) {
+            let reads = |read: &&VariantEntry| {
+                read.name == variant.name || read.aliases.contains(&variant.name)
+            };
+            match r.variants.iter().find(reads) {
                 None if reads_unknown => {}
                 None => self.problem(
                     &at,
@@ -604,6 +610,38 @@ mod tests {
             "{}",
             without[0]
         );
+    }
+
+    #[test]
+    fn a_decoder_reads_a_key_under_an_alias() {
+        let writer = entry(
+            r#"
+            [[event]]
+            event = "Picked"
+            version = 1
+            aggregate = "Order"
+            fields = [{ name = "qty", type = "u32" }]
+            "#,
+        );
+        let mut reader = entry(
+            r#"
+            [[event]]
+            event = "Picked"
+            version = 1
+            aggregate = "Order"
+            fields = [{ name = "quantity", type = "u64" }]
+            "#,
+        );
+        let without = problems(&writer, &reader);
+        assert_eq!(without.len(), 1, "{without:#?}");
+        assert!(
+            without[0].starts_with("`Picked.quantity`"),
+            "{}",
+            without[0]
+        );
+        // `#[serde(alias = "qty")]`, as the model reads it from a decoder.
+        reader.fields[0].aliases = vec!["qty".to_owned()];
+        assert_eq!(problems(&writer, &reader), Vec::<String>::new());
     }
 
     #[test]

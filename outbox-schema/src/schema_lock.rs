@@ -153,6 +153,11 @@ pub struct FieldEntry {
     /// The field has `#[domain_event(opaque)]`: compared by type name only.
     #[serde(default, skip_serializing_if = "is_false")]
     pub opaque: bool,
+    /// Other keys a reader of the field accepts (`#[serde(alias)]`). They
+    /// change nothing that is written, so the lock does not record them;
+    /// `cargo outbox check` reads them from a consumer's decoders.
+    #[serde(skip)]
+    pub aliases: Vec<String>,
 }
 
 /// The recorded shape of a payload type.
@@ -198,6 +203,10 @@ pub struct VariantEntry {
     /// this one, so the enum is open to new variants.
     #[serde(default, skip_serializing_if = "is_false")]
     pub other: bool,
+    /// Other names a reader accepts for the variant (`#[serde(alias)]`);
+    /// not recorded, like a field's.
+    #[serde(skip)]
+    pub aliases: Vec<String>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -237,6 +246,7 @@ impl FieldEntry {
             flatten: false,
             omittable: false,
             opaque: false,
+            aliases: Vec::new(),
         }
     }
 }
@@ -633,6 +643,7 @@ mod tests {
                         kind: Kind::Unit,
                         fields: vec![],
                         other: false,
+                        aliases: Vec::new(),
                     },
                     VariantEntry {
                         name: "transfer".into(),
@@ -644,6 +655,7 @@ mod tests {
                             "String".into(),
                         )],
                         other: false,
+                        aliases: Vec::new(),
                     },
                 ],
                 closed: false,
