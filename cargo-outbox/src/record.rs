@@ -166,7 +166,7 @@ fn apply_verdict(
                 outcome
                     .changes
                     .push(format!("recorded additive changes of {}", actual.title()));
-                outcome.lock.record(actual);
+                outcome.lock.record(actual.keeping_closed(recorded));
             }
         }
     }
@@ -327,6 +327,63 @@ mod tests {
         let outcome = record_text(&outcome.lock, &closed);
         assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
         assert!(!outcome.lock.to_toml().contains("other = true"));
+    }
+
+    #[test]
+    fn under_compat_full_other_added_later_or_on_an_external_enum_opens_nothing() {
+        let added_variant = |text: &str| text.replace("Cash", "Cash, Voucher");
+        let refused = |outcome: &Outcome| {
+            outcome.errors.len() == 1 && outcome.errors[0].contains("variant `Voucher` was added")
+        };
+        // Recorded closed, then given `other`: readers of the first state
+        // still fail on a new variant.
+        let unknown = V1.replace("Cash }", "Cash, Unknown }");
+        let closed = Lock {
+            compat: Some(Compat::Full),
+            ..record_text(&Lock::default(), &unknown).lock
+        };
+        let with_other = unknown.replace("Unknown }", "#[serde(other)] Unknown }");
+        let outcome = record_text(&closed, &with_other);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert!(!outcome.lock.to_toml().contains("other = true"));
+        let outcome = record_text(&outcome.lock, &added_variant(&with_other));
+        assert!(refused(&outcome), "{:?}", outcome.errors);
+
+        // An externally tagged enum reads no unknown variant as `other`.
+        let external = V1.replace("#[serde(tag = \"kind\")]", "");
+        let external_other = external.replace("Cash }", "Cash, #[serde(other)] Unknown }");
+        let recorded = Lock {
+            compat: Some(Compat::Full),
+            ..record_text(&Lock::default(), &external_other).lock
+        };
+        let outcome = record_text(&recorded, &added_variant(&external_other));
+        assert!(refused(&outcome), "{:?}", outcome.errors);
+    }
+
+    #[test]
+    fn an_alias_defined_twice_as_different_types_is_not_guessed() {
+        let mut sources = Sources::default();
+        let line = r#"
+            pub type Q = u32;
+            #[derive(EventPayload)]
+            struct Line { sku: String, qty: Q }
+            #[derive(DomainEvent)]
+            #[domain_event(aggregate = "Order", version = 1)]
+            struct OrderPlaced { order_id: i64, lines: Vec<Line> }
+        "#;
+        sources.add_file(Path::new("src/lib.rs"), line).unwrap();
+        sources
+            .add_file(Path::new("src/zz.rs"), "pub type Q = String;")
+            .unwrap();
+        sources.resolve_aliases();
+        let outcome = record(&sources, &Lock::default(), "outbox.lock");
+        assert_eq!(outcome.errors.len(), 1, "{:?}", outcome.errors);
+        assert!(
+            outcome.errors[0].contains("`Q`")
+                && outcome.errors[0].contains("type alias defined more than once"),
+            "{}",
+            outcome.errors[0]
+        );
     }
 
     #[test]

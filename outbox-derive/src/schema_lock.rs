@@ -249,7 +249,8 @@ struct Recorded<'a> {
 /// nested payload types, newtypes and aliases in its fields, the keys of
 /// flattened types), judged instead from the crate's sources as `cargo
 /// outbox lock` judges them, as compile errors where they are reported;
-/// problems in `reported` are left out. `None` when the sources do not
+/// when the event's own fields already showed problems (`reported`), only
+/// those the compiled types would settle. `None` when the sources do not
 /// define the event and every payload type reachable from it exactly once:
 /// then only the compiled shapes can tell.
 fn problems_in_sources(
@@ -267,11 +268,13 @@ fn problems_in_sources(
     let field_span = |index: usize| event.fields.get(index).map(|field| field.ty.span());
     let error = |span, message: String| syn::Error::new(span, message).to_compile_error();
     // What the sources settle that the event's own fields did not (an
-    // alias's or a newtype's contents).
+    // alias's or a newtype's contents), when the event's own fields showed
+    // no problem: otherwise the same problem could come twice, in other
+    // words.
     let mut problems: Vec<TokenStream> = verdict
         .findings
         .iter()
-        .filter(|finding| !reported.contains(&finding.message.as_str()))
+        .filter(|_| reported.is_empty())
         .map(|finding| error_at(event, finding.site, &finding.message))
         .collect();
     for unsettled in &verdict.unsettled {

@@ -118,10 +118,27 @@ impl Check<'_> {
         keys(read, self.reader, false, &mut reads);
         for key in &reads {
             let at = format!("{path}.{}", key.field.name);
-            // serde reads a key under the field's name or any alias.
-            let Some(written) = writes.iter().find(|w| {
+            // serde reads a key under the field's name or any alias, and
+            // refuses a payload with two of them.
+            let reads_key = |w: &&Key<'_>| {
                 w.field.name == key.field.name || key.field.aliases.contains(&w.field.name)
-            }) else {
+            };
+            let both: Vec<&str> = writes
+                .iter()
+                .filter(reads_key)
+                .map(|w| w.field.name.as_str())
+                .collect();
+            if let [first, second, ..] = both.as_slice() {
+                self.problem(
+                    &at,
+                    format!(
+                        "the producer writes both `{first}` and `{second}`, which the decoder \
+                         reads as this one field (serde refuses the duplicate); drop the alias"
+                    ),
+                );
+                continue;
+            }
+            let Some(written) = writes.iter().find(reads_key) else {
                 if !key.can_be_missing {
                     self.problem(
                         &at,
@@ -310,16 +327,21 @@ impl Check<'_> {
             return;
         }
         // serde reads an unknown tag as the `#[serde(other)]` unit variant
-        // of an internally or adjacently tagged enum.
-        let tagged = repr(r).starts_with("internal") || repr(r).starts_with("adjacent");
-        let reads_unknown = tagged && r.variants.iter().any(|read| read.other);
+        // of an internally tagged enum, and of an adjacently tagged one when
+        // no content comes with the tag (a unit variant).
+        let has_other = r.variants.iter().any(|read| read.other);
+        let reads_unknown = |variant: &VariantEntry| {
+            has_other
+                && (repr(r).starts_with("internal")
+                    || repr(r).starts_with("adjacent") && variant.kind == Kind::Unit)
+        };
         for variant in &w.variants {
             let at = format!("{path}::{}", variant.name);
             let reads = |read: &&VariantEntry| {
                 read.name == variant.name || read.aliases.contains(&variant.name)
             };
             match r.variants.iter().find(reads) {
-                None if reads_unknown => {}
+                None if reads_unknown(variant) => {}
                 None => self.problem(
                     &at,
                     "the producer writes this variant, which the decoder does not have; add it"
@@ -642,6 +664,15 @@ mod tests {
         // `#[serde(alias = "qty")]`, as the model reads it from a decoder.
         reader.fields[0].aliases = vec!["qty".to_owned()];
         assert_eq!(problems(&writer, &reader), Vec::<String>::new());
+
+        // A producer writing both names breaks such a decoder.
+        let mut both = writer.clone();
+        let mut quantity = both.fields[0].clone();
+        quantity.name = "quantity".to_owned();
+        both.fields.push(quantity);
+        let found = problems(&both, &reader);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].contains("writes both"), "{}", found[0]);
     }
 
     #[test]

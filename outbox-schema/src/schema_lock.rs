@@ -265,27 +265,53 @@ impl EventEntry {
     }
 
     /// The entry as its rule `compat` compares it: under `Full` every
-    /// recorded enum is closed (`TypeEntry::closed`).
+    /// recorded enum is closed (`TypeEntry::closed`), except an internally
+    /// tagged one with a `#[serde(other)]` variant, which serde reads any
+    /// new variant as. (An externally tagged enum cannot have one, and an
+    /// adjacently tagged one reads only new unit variants so.)
     pub fn under(&self, compat: Compat) -> EventEntry {
         let mut entry = self.clone();
         for ty in entry.types.values_mut() {
-            // An enum with a `#[serde(other)]` variant reads new variants.
-            ty.closed = compat == Compat::Full
-                && ty.kind == Kind::Enum
-                && !ty.variants.iter().any(|variant| variant.other);
+            let internal = ty
+                .repr
+                .as_deref()
+                .is_some_and(|r| r.starts_with("internal"));
+            let open = internal && ty.variants.iter().any(|variant| variant.other);
+            ty.closed = compat == Compat::Full && ty.kind == Kind::Enum && !open;
         }
         entry
+    }
+
+    /// `self`, recorded over `recorded` (the same version), with no
+    /// variant gaining `other`: readers of the version built before a
+    /// variant had `#[serde(other)]` do not read new variants, so an enum
+    /// recorded closed stays closed. Losing it is recorded (closing is
+    /// always safe).
+    pub fn keeping_closed(mut self, recorded: &EventEntry) -> EventEntry {
+        for (name, ty) in &mut self.types {
+            let was = recorded.types.get(name);
+            for variant in &mut ty.variants {
+                variant.other &= was.is_some_and(|was| {
+                    was.variants
+                        .iter()
+                        .any(|old| old.name == variant.name && old.other)
+                });
+            }
+        }
+        self
     }
 
     /// Whether `other` records the same JSON: equal but for the order of
     /// fields and variants and the spelling of types that write the same
     /// JSON (`Box<Money>` and `Money`), so a change that leaves the JSON as
-    /// it was leaves the lock as it was.
+    /// it was leaves the lock as it was. `self` is the recorded entry: a
+    /// variant gaining `#[serde(other)]` leaves it as it was
+    /// (`keeping_closed`), losing it does not.
     pub fn same_json(&self, other: &EventEntry) -> bool {
         let same_variant = |a: &VariantEntry, b: &VariantEntry| {
             a.rust == b.rust
                 && a.kind == b.kind
-                && a.other == b.other
+                && (!a.other || b.other)
                 && same_json(&a.fields, &b.fields)
         };
         let same_type = |name: &String, entry: &TypeEntry| {

@@ -4,7 +4,7 @@
 //! payload types nested in an event from them, so that a change in one is
 //! reported like a change in the event.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use syn::visit::Visit;
@@ -42,6 +42,10 @@ pub struct Sources {
     pub other_types: BTreeMap<String, String>,
     /// `type Name = ..;` aliases without parameters, by name.
     pub aliases: BTreeMap<String, syn::Type>,
+    /// Alias names defined more than once, as different types (in
+    /// different modules): which one a field means is not known here, so
+    /// they are not resolved.
+    pub ambiguous_aliases: BTreeSet<String>,
 }
 
 /// Reads every `.rs` file under `dirs` (relative to `crate_dir`; missing
@@ -107,6 +111,7 @@ impl Sources {
         }
         let mut resolver = Resolver {
             aliases: &self.aliases,
+            ambiguous: &self.ambiguous_aliases,
             depth: 0,
         };
         let items = self
@@ -122,6 +127,7 @@ impl Sources {
 /// Replaces aliases in types with what they name.
 struct Resolver<'a> {
     aliases: &'a BTreeMap<String, syn::Type>,
+    ambiguous: &'a BTreeSet<String>,
     /// Aliases being replaced inside one another; a cycle stops at 16.
     depth: usize,
 }
@@ -133,6 +139,7 @@ impl VisitMut for Resolver<'_> {
             && let Some(last) = path.path.segments.last()
             && last.arguments.is_empty()
             && let Some(named) = self.aliases.get(&crate::attr::unraw(&last.ident))
+            && !self.ambiguous.contains(&crate::attr::unraw(&last.ident))
             && self.depth < 16
         {
             *ty = named.clone();
@@ -200,7 +207,16 @@ impl<'ast> Visit<'ast> for Collector<'_> {
     fn visit_item_type(&mut self, item: &'ast syn::ItemType) {
         if item.generics.params.is_empty() {
             let name = crate::attr::unraw(&item.ident);
-            self.sources.aliases.insert(name, (*item.ty).clone());
+            let spelled = |ty: &syn::Type| quote::ToTokens::to_token_stream(ty).to_string();
+            match self.sources.aliases.get(&name) {
+                Some(known) if spelled(known) != spelled(&item.ty) => {
+                    self.sources.ambiguous_aliases.insert(name);
+                }
+                Some(_) => {}
+                None => {
+                    self.sources.aliases.insert(name, (*item.ty).clone());
+                }
+            }
         }
         syn::visit::visit_item_type(self, item);
     }
@@ -297,6 +313,14 @@ impl Sources {
     /// The one item deriving `EventPayload` named `name`, or why there is
     /// none (added to `nested`).
     fn payload_item(&self, name: &str, used_by: &str, nested: &mut NestedTypes) -> Option<&Item> {
+        if self.ambiguous_aliases.contains(name) {
+            nested.errors.push(format!(
+                "`{name}`, used by {used_by}, is a type alias defined more than once, as \
+                 different types: give the aliases distinct names, or write the type at the \
+                 field"
+            ));
+            return None;
+        }
         match self.payloads.get(name).map(Vec::as_slice) {
             Some([only]) => return Some(only),
             Some(several) => {
