@@ -265,8 +265,10 @@ fn problems_in_sources(
         .lock
         .entry(&actual.event, actual.version)
         .map(|entry| entry.under(compat));
-    let field_span = |index: usize| event.fields.get(index).map(|field| field.ty.span());
-    let error = |span, message: String| syn::Error::new(span, message).to_compile_error();
+    // Errors underline a whole type (`line::Line`), not its first token.
+    let error = |tokens: &dyn quote::ToTokens, message: String| {
+        syn::Error::new_spanned(tokens, message).to_compile_error()
+    };
     // What the sources settle that the event's own fields did not (an
     // alias's or a newtype's contents), when the event's own fields showed
     // no problem: otherwise the same problem could come twice, in other
@@ -279,12 +281,13 @@ fn problems_in_sources(
         .collect();
     for unsettled in &verdict.unsettled {
         if let Some(message) = leaked::settle(recorded.as_ref(), &actual, unsettled) {
-            problems.push(error(field_span(unsettled.field)?, message));
+            problems.push(error(&event.fields.get(unsettled.field)?.ty, message));
         }
     }
     if let Some(check) = &verdict.object {
         for message in leaked::object_changes(recorded.as_ref(), &actual, check) {
-            problems.push(error(event.attrs.version_span, message));
+            let span = event.attrs.version_span;
+            problems.push(syn::Error::new(span, message).to_compile_error());
         }
     }
     if let (Status::Recorded | Status::Additive, Some(recorded)) = (&verdict.status, &recorded) {
@@ -294,16 +297,16 @@ fn problems_in_sources(
             .last()
             .map_or(recorded.version, |entry| entry.version)
             + 1;
-        for (index, field) in event.fields.iter().enumerate() {
-            let span = field
-                .payload_types(&[])
-                .first()
-                .map(|inner| inner.span())
-                .or_else(|| field_span(index))?;
+        for field in &event.fields {
+            let inners = field.payload_types(&[]);
+            let at: &dyn quote::ToTokens = match inners.first() {
+                Some(inner) => inner,
+                None => field.ty,
+            };
             for message in
                 leaked::nested_problems(recorded, &actual, Some(&field.name), lock.name, next)
             {
-                problems.push(error(span, message));
+                problems.push(error(at, message));
             }
         }
     }
