@@ -17,10 +17,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Args;
-use outbox_schema::reader;
 use outbox_schema::schema_lock::{EventEntry, Lock};
-
-use outbox_schema::sources;
+use outbox_schema::{reader, sources};
 
 use crate::record;
 

@@ -153,10 +153,7 @@ fn apply_verdict(
             let Some(recorded) = verdict.recorded else {
                 return;
             };
-            let next = lock
-                .versions(&actual.event)
-                .last()
-                .map_or(1, |e| e.version + 1);
+            let next = lock.next_version(&actual.event);
             let problems = leaked::nested_problems(recorded, &actual, None, lock_name, next);
             let rejected = !problems.is_empty();
             for message in problems {

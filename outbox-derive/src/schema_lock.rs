@@ -106,12 +106,8 @@ pub fn check_event(event: &Event<'_>) -> TokenStream {
             name: &lock_name,
             crate_dir: &crate_dir,
         };
-        let reported: Vec<&str> = verdict
-            .findings
-            .iter()
-            .map(|f| f.message.as_str())
-            .collect();
-        let judged = problems_in_sources(event, &in_sources, compat, &reported).unwrap_or_default();
+        let rejected = !verdict.findings.is_empty();
+        let judged = problems_in_sources(event, &in_sources, compat, rejected).unwrap_or_default();
         if !judged.is_empty() {
             // Judged from the sources: each problem is an error at its
             // field, and the constants would only say the same again.
@@ -249,7 +245,7 @@ struct Recorded<'a> {
 /// nested payload types, newtypes and aliases in its fields, the keys of
 /// flattened types), judged instead from the crate's sources as `cargo
 /// outbox lock` judges them, as compile errors where they are reported;
-/// when the event's own fields already showed problems (`reported`), only
+/// when the event's own fields already showed problems (`rejected`), only
 /// those the compiled types would settle. `None` when the sources do not
 /// define the event and every payload type reachable from it exactly once:
 /// then only the compiled shapes can tell.
@@ -257,7 +253,7 @@ fn problems_in_sources(
     event: &Event<'_>,
     lock: &Recorded<'_>,
     compat: Compat,
-    reported: &[&str],
+    rejected: bool,
 ) -> Option<Vec<TokenStream>> {
     let actual = event_in_sources(event, lock.crate_dir)?;
     let verdict = compare::check_event(lock.lock, &actual, lock.name);
@@ -276,7 +272,7 @@ fn problems_in_sources(
     let mut problems: Vec<TokenStream> = verdict
         .findings
         .iter()
-        .filter(|_| reported.is_empty())
+        .filter(|_| !rejected)
         .map(|finding| error_at(event, finding.site, &finding.message))
         .collect();
     for unsettled in &verdict.unsettled {
@@ -291,12 +287,7 @@ fn problems_in_sources(
         }
     }
     if let (Status::Recorded | Status::Additive, Some(recorded)) = (&verdict.status, &recorded) {
-        let next = lock
-            .lock
-            .versions(&actual.event)
-            .last()
-            .map_or(recorded.version, |entry| entry.version)
-            + 1;
+        let next = lock.lock.next_version(&actual.event);
         for field in &event.fields {
             let inners = field.payload_types(&[]);
             let at: &dyn quote::ToTokens = match inners.first() {
@@ -422,11 +413,7 @@ fn nested_checks(
     recorded: &EventEntry,
     lock_name: &str,
 ) -> TokenStream {
-    let latest = lock
-        .versions(&event.attrs.name)
-        .last()
-        .map_or(recorded.version, |entry| entry.version);
-    let fix = compare::bump_fix(latest + 1);
+    let fix = compare::bump_fix(lock.next_version(&event.attrs.name));
     let mut checks = TokenStream::new();
     for field in &event.fields {
         let recorded_field = recorded.fields.iter().find(|r| r.name == field.name);

@@ -493,6 +493,14 @@ impl Lock {
             .find(|entry| entry.event == event && entry.version == version)
     }
 
+    /// The version a bump of `event` gives: one past its latest recorded
+    /// version (1 for an event not recorded).
+    pub fn next_version(&self, event: &str) -> u32 {
+        self.versions(event)
+            .last()
+            .map_or(1, |entry| entry.version + 1)
+    }
+
     /// Every recorded version of `event`, oldest first.
     pub fn versions(&self, event: &str) -> Vec<&EventEntry> {
         let mut versions: Vec<&EventEntry> = self
