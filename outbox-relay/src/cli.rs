@@ -158,8 +158,9 @@ pub struct SinkArgs {
     #[arg(long, env = "KAFKA_BROKERS")]
     pub brokers: Option<String>,
 
-    /// RabbitMQ to publish to, amqp://user:password@host:port/vhost (amqps://
-    /// with the amqp-tls feature) [default: amqp://guest:guest@127.0.0.1:5672/%2f]
+    /// RabbitMQ to publish to, amqp://user:password@host:port/vhost, or
+    /// amqps:// with `?cacertfile=..&certfile=..&keyfile=..` for a private
+    /// root and a client certificate [default: amqp://guest:guest@127.0.0.1:5672/%2f]
     #[arg(long, env = "AMQP_URL", hide_env_values = true)]
     pub amqp_url: Option<String>,
 
@@ -201,6 +202,21 @@ pub struct SinkArgs {
     /// [default: 256]
     #[arg(long, env = "OUTBOX_NATS_MAX_PENDING")]
     pub nats_max_pending: Option<u64>,
+
+    /// Root certificates (PEM) the NATS server's certificate must chain
+    /// to; given, TLS is required and only these roots are trusted
+    /// [default: the system's roots, for tls:// URLs]
+    #[arg(long, env = "NATS_CA", value_name = "FILE")]
+    pub nats_ca: Option<std::path::PathBuf>,
+
+    /// Client certificate (PEM) for NATS servers that verify clients;
+    /// needs --nats-key
+    #[arg(long, env = "NATS_CERT", value_name = "FILE", requires = "nats_key")]
+    pub nats_cert: Option<std::path::PathBuf>,
+
+    /// The client certificate's private key (PEM); needs --nats-cert
+    #[arg(long, env = "NATS_KEY", value_name = "FILE", requires = "nats_cert")]
+    pub nats_key: Option<std::path::PathBuf>,
 
     /// Topic of each row (the routing key on RabbitMQ); {aggregatetype} is
     /// replaced by the row's aggregate type [default: outbox.event.{aggregatetype}]

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::ops::RangeInclusive;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -28,6 +28,7 @@ use crate::sink::nats::{self, NatsOptions, ResendBound};
 use crate::sink::rabbitmq::{self, RabbitMqOptions};
 use crate::source::SourceOptions;
 use crate::source::shards::{ShardConfig, default_instance_id};
+use crate::tls::CertificateFiles;
 
 /// The database of the embedded default.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://outbox.db";
@@ -141,6 +142,9 @@ pub struct FileConfig {
     nats_stream: Option<String>,
     nats_subject: Option<String>,
     nats_max_pending: Option<u64>,
+    nats_ca: Option<PathBuf>,
+    nats_cert: Option<PathBuf>,
+    nats_key: Option<PathBuf>,
     topic_template: Option<String>,
     format: Option<crate::cloudevents::Format>,
     ce_source: Option<String>,
@@ -1109,6 +1113,7 @@ fn nats_options(
         &NATS_MAX_PENDING,
         defaults.max_pending,
     )?;
+    let tls = nats_tls(sink, args, file)?;
     Ok(NatsOptions {
         url: url.value,
         stream: stream.value,
@@ -1116,6 +1121,53 @@ fn nats_options(
         max_pending,
         send_timeout,
         resend_bound,
+        tls,
+    })
+}
+
+/// The NATS sink's certificate files: each must be readable when NATS is
+/// the sink, and a client certificate comes with its key.
+fn nats_tls(
+    sink: SinkKind,
+    args: &SinkArgs,
+    file: &FileConfig,
+) -> Result<CertificateFiles, SettingsError> {
+    let pick = |flag: &str, key: &str, arg: &Option<PathBuf>, from_file: &Option<PathBuf>| {
+        given(flag, key, arg.clone(), from_file.clone())
+    };
+    let root = pick("--nats-ca", "nats_ca", &args.nats_ca, &file.nats_ca);
+    let cert = pick("--nats-cert", "nats_cert", &args.nats_cert, &file.nats_cert);
+    let key = pick("--nats-key", "nats_key", &args.nats_key, &file.nats_key);
+    if sink == SinkKind::Nats {
+        match (&cert, &key) {
+            (Some(cert), None) => {
+                return Err(SettingsError::new(format!(
+                    "{} needs the client key too (--nats-key, or nats_key in the file)",
+                    cert.name
+                )));
+            }
+            (None, Some(key)) => {
+                return Err(SettingsError::new(format!(
+                    "{} needs the client certificate too (--nats-cert, or nats_cert in the file)",
+                    key.name
+                )));
+            }
+            _ => {}
+        }
+        for given in [&root, &cert, &key].into_iter().flatten() {
+            if let Err(error) = std::fs::File::open(&given.value) {
+                return Err(SettingsError::new(format!(
+                    "{}: cannot read {}: {error}",
+                    given.name,
+                    given.value.display()
+                )));
+            }
+        }
+    }
+    Ok(CertificateFiles {
+        root: root.map(|given| given.value),
+        client_cert: cert.map(|given| given.value),
+        client_key: key.map(|given| given.value),
     })
 }
 
@@ -1531,6 +1583,28 @@ mod tests {
             ..RunArgs::default()
         }));
         assert_eq!(error, "--nats-max-pending is 0; it must be 1 to 100000");
+        let error = resolve(nats(RunArgs {
+            output: SinkArgs {
+                nats_cert: Some("/etc/hostname".into()),
+                ..SinkArgs::default()
+            },
+            ..RunArgs::default()
+        }));
+        assert_eq!(
+            error,
+            "--nats-cert needs the client key too (--nats-key, or nats_key in the file)"
+        );
+        let error = resolve(nats(RunArgs {
+            output: SinkArgs {
+                nats_ca: Some("/nonexistent/ca.pem".into()),
+                ..SinkArgs::default()
+            },
+            ..RunArgs::default()
+        }));
+        assert!(
+            error.starts_with("--nats-ca: cannot read /nonexistent/ca.pem: "),
+            "{error}"
+        );
         let error = resolve(nats(RunArgs {
             output: SinkArgs {
                 nats_subject: Some("outbox.>".into()),

@@ -1,11 +1,12 @@
-//! TLS towards the database: which certificate files a URL names, the
-//! settings of CDC mode's replication connection, and one-line reasons for
-//! connections that fail in the handshake.
+//! TLS towards the database and the brokers: which certificate files a URL
+//! names, the settings of CDC mode's replication connection, and one-line
+//! reasons for connections that fail in the handshake.
 //!
 //! Every connection of the binary (SQL connections through sqlx, the
-//! replication connection, `amqps://` when built with `amqp-tls`) speaks TLS
-//! through rustls with the *ring* provider: no system OpenSSL is needed, and
-//! certificates are checked the same way on every path.
+//! replication connection, `amqps://`, NATS's `tls://`) speaks TLS through
+//! rustls with the *ring* provider: no system OpenSSL is needed, and
+//! certificates are checked the same way on every path. Kafka's TLS is
+//! librdkafka's own (the `kafka-tls` feature, OpenSSL).
 //!
 //! PostgreSQL URLs take libpq's parameters (`sslmode` = `disable`, `prefer`
 //! (the default), `require`, `verify-ca`, `verify-full`; `sslrootcert`,
@@ -63,19 +64,57 @@ impl CertificateFiles {
                 .map(PathBuf::from)
         };
         Self {
-            root: param(&["sslrootcert", "ssl-root-cert", "ssl-ca"], "PGSSLROOTCERT"),
-            client_cert: param(&["sslcert", "ssl-cert"], "PGSSLCERT"),
-            client_key: param(&["sslkey", "ssl-key"], "PGSSLKEY"),
+            root: param(
+                &["sslrootcert", "ssl-root-cert", "ssl-ca", "cacertfile"],
+                "PGSSLROOTCERT",
+            ),
+            client_cert: param(&["sslcert", "ssl-cert", "certfile"], "PGSSLCERT"),
+            client_key: param(&["sslkey", "ssl-key", "keyfile"], "PGSSLKEY"),
         }
     }
 
     /// Where trusted roots come from, for messages.
-    fn roots(&self) -> String {
+    fn roots(&self, names: &OptionNames) -> String {
         match &self.root {
             Some(path) => format!("root certificates from {}", path.display()),
-            None => "the public root certificates (set sslrootcert or ssl-ca to add a file)".into(),
+            None => format!(
+                "the public root certificates (set {} to add a file)",
+                names.root
+            ),
         }
     }
+}
+
+/// What the settings that name certificate files are called where a
+/// connection takes them, for the advice in a failure's reason.
+#[derive(Debug, Clone, Copy)]
+pub struct OptionNames {
+    /// The setting naming the root certificates.
+    pub root: &'static str,
+    /// The settings naming the client certificate and key.
+    pub client: &'static str,
+    /// What to do when the server's name is not in its certificate.
+    pub name_mismatch: &'static str,
+}
+
+/// The database URLs' names.
+const DATABASE_OPTIONS: OptionNames = OptionNames {
+    root: "sslrootcert or ssl-ca",
+    client: "sslcert and sslkey, or ssl-cert and ssl-key",
+    name_mismatch: "connect by a name the certificate lists, or use sslmode=verify-ca",
+};
+
+/// A TLS-specific reason, in one line, for `error` (or one of its
+/// sources) met while connecting to `host` with `files`; `None` when the
+/// failure is no TLS handshake's. Used by the sinks' connections, which
+/// name their files with options of their own (`names`).
+pub fn handshake_reason(
+    error: &(dyn std::error::Error + 'static),
+    host: &str,
+    files: &CertificateFiles,
+    names: &OptionNames,
+) -> Option<String> {
+    rustls_error(error).map(|tls| rustls_reason(host, files, names, tls))
 }
 
 /// The replication connection's TLS settings for `mode` and the files of
@@ -152,7 +191,7 @@ fn tls_reason(url: &str, error: &sqlx::Error) -> Option<String> {
     match error {
         sqlx::Error::Tls(inner) => {
             if let Some(tls) = rustls_error(inner.as_ref()) {
-                return Some(rustls_reason(url, tls));
+                return Some(database_reason(url, tls));
             }
             let text = inner.to_string();
             if text.contains("does not support TLS") {
@@ -166,7 +205,7 @@ fn tls_reason(url: &str, error: &sqlx::Error) -> Option<String> {
         }
         sqlx::Error::Io(io) => {
             if let Some(tls) = io.get_ref().and_then(|inner| rustls_error(inner)) {
-                return Some(rustls_reason(url, tls));
+                return Some(database_reason(url, tls));
             }
             let files = CertificateFiles::of_url(url);
             let named = [&files.root, &files.client_cert, &files.client_key];
@@ -205,22 +244,31 @@ fn rustls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a 
     None
 }
 
-/// What a rustls failure means for the operator.
-fn rustls_reason(url: &str, error: &rustls::Error) -> String {
+/// What a rustls failure connecting to the database at `url` means.
+fn database_reason(url: &str, error: &rustls::Error) -> String {
     let files = CertificateFiles::of_url(url);
+    rustls_reason(&host_of(url), &files, &DATABASE_OPTIONS, error)
+}
+
+/// What a rustls failure means for the operator.
+fn rustls_reason(
+    host: &str,
+    files: &CertificateFiles,
+    names: &OptionNames,
+    error: &rustls::Error,
+) -> String {
     match error {
         rustls::Error::InvalidCertificate(
             CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
         ) => format!(
-            "TLS: the server's certificate is not valid for the host name in the URL ({}); \
-             connect by a name the certificate lists, or use sslmode=verify-ca",
-            host_of(url)
+            "TLS: the server's certificate is not valid for the host name in the URL ({host}); {}",
+            names.name_mismatch
         ),
         rustls::Error::InvalidCertificate(
             CertificateError::UnknownIssuer | CertificateError::BadSignature,
         ) => format!(
             "TLS: the server's certificate is not trusted by {}",
-            files.roots()
+            files.roots(names)
         ),
         rustls::Error::InvalidCertificate(CertificateError::Expired)
         | rustls::Error::InvalidCertificate(CertificateError::ExpiredContext { .. }) => {
@@ -237,9 +285,10 @@ fn rustls_reason(url: &str, error: &rustls::Error) -> String {
                 "TLS: the server refused the client certificate {}",
                 cert.display()
             ),
-            None => "TLS: the server requires a client certificate (set sslcert and sslkey, \
-                     or ssl-cert and ssl-key)"
-                .into(),
+            None => format!(
+                "TLS: the server requires a client certificate (set {})",
+                names.client
+            ),
         },
         other => format!("TLS: {}", one_line(&other.to_string())),
     }
@@ -298,7 +347,7 @@ mod tests {
     #[test]
     fn handshake_failures_are_named() {
         let url = "postgres://u:secret@db.internal/x?sslmode=verify-full&sslrootcert=/etc/ca.pem";
-        let untrusted = rustls_reason(
+        let untrusted = database_reason(
             url,
             &rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer),
         );
@@ -306,7 +355,7 @@ mod tests {
             untrusted.contains("not trusted by root certificates from /etc/ca.pem"),
             "{untrusted}"
         );
-        let name = rustls_reason(
+        let name = database_reason(
             url,
             &rustls::Error::InvalidCertificate(CertificateError::NotValidForName),
         );
@@ -314,7 +363,7 @@ mod tests {
             name.contains("not valid for the host name in the URL (db.internal)"),
             "{name}"
         );
-        let refused = rustls_reason(
+        let refused = database_reason(
             "postgres://u@h/x?sslcert=/c.pem&sslkey=/k.pem",
             &rustls::Error::AlertReceived(AlertDescription::BadCertificate),
         );

@@ -133,7 +133,23 @@ impl Witness {
 
     /// Connects to `url`, failing the test when it cannot.
     pub async fn connect_to(url: &str) -> Self {
-        let client = async_nats::connect(url)
+        Self::connect_with(url, async_nats::ConnectOptions::new()).await
+    }
+
+    /// Connects to the TLS server at `url`, trusting only `root`.
+    pub async fn connect_tls(url: &str, root: &str) -> Self {
+        // The test process has two TLS providers compiled in, like the
+        // relay: choose one, as the relay does.
+        let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
+        let options = async_nats::ConnectOptions::new()
+            .add_root_certificates(root.into())
+            .require_tls(true);
+        Self::connect_with(url, options).await
+    }
+
+    async fn connect_with(url: &str, options: async_nats::ConnectOptions) -> Self {
+        let client = options
+            .connect(url)
             .await
             .unwrap_or_else(|error| panic!("cannot connect to NATS at {url}: {error}"));
         Self {
@@ -245,27 +261,56 @@ impl Witness {
 /// storing in a directory of its own), for tests that stop the server.
 /// The binary comes from `NATS_SERVER_BIN`, else the `PATH`.
 pub struct PrivateServer {
-    /// Its `nats://127.0.0.1:port` URL.
+    /// Its `nats://127.0.0.1:port` URL (`tls://localhost:port` when it
+    /// serves TLS).
     pub url: String,
     port: u16,
     store: std::path::PathBuf,
+    /// The monitoring port of a TLS server, for [`PrivateServer::connections`].
+    monitor: Option<u16>,
     child: Option<std::process::Child>,
 }
 
 impl PrivateServer {
     /// Starts a server on a free port.
     pub fn start() -> Self {
+        Self::start_with(false)
+    }
+
+    /// Starts a server that accepts TLS connections only, with the
+    /// machine's certificate ([`crate::tls::SERVER_CERT`], issued to
+    /// `localhost`), and serves its monitoring endpoint.
+    pub fn start_tls() -> Self {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> Self {
         let port = crate::kafka::free_port();
         let store =
             std::env::temp_dir().join(format!("outbox-nats-{}", uuid::Uuid::now_v7().simple()));
         let mut server = Self {
-            url: format!("nats://127.0.0.1:{port}"),
+            url: if tls {
+                format!("tls://localhost:{port}")
+            } else {
+                format!("nats://127.0.0.1:{port}")
+            },
             port,
             store,
+            monitor: tls.then(crate::kafka::free_port),
             child: None,
         };
         server.restart();
         server
+    }
+
+    /// The server's monitoring view of its client connections (`/connz`,
+    /// JSON: name and `tls_version` of each); TLS servers only.
+    pub fn connections(&self) -> serde_json::Value {
+        let monitor = self.monitor.expect("a server started with start_tls");
+        let (code, body) = crate::http::get(&format!("127.0.0.1:{monitor}"), "/connz")
+            .expect("the server's monitoring endpoint");
+        assert_eq!(code, 200, "/connz: {body}");
+        serde_json::from_str(&body).expect("/connz is JSON")
     }
 
     /// Kills the server; its streams stay on disk for [`Self::restart`].
@@ -280,7 +325,8 @@ impl PrivateServer {
     pub fn restart(&mut self) {
         self.stop();
         let binary = std::env::var("NATS_SERVER_BIN").unwrap_or_else(|_| "nats-server".into());
-        let child = std::process::Command::new(&binary)
+        let mut command = std::process::Command::new(&binary);
+        command
             .args([
                 "-a",
                 "127.0.0.1",
@@ -289,7 +335,19 @@ impl PrivateServer {
                 "-js",
                 "-sd",
             ])
-            .arg(&self.store)
+            .arg(&self.store);
+        if let Some(monitor) = self.monitor {
+            command.args([
+                "--tls",
+                "--tlscert",
+                crate::tls::SERVER_CERT,
+                "--tlskey",
+                crate::tls::SERVER_KEY,
+                "-m",
+                &monitor.to_string(),
+            ]);
+        }
+        let child = command
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()

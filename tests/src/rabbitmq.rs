@@ -310,6 +310,9 @@ pub fn close_connections_named(name: &str) -> usize {
 pub struct PrivateServer {
     /// Its `amqp://guest:guest@127.0.0.1:port/%2f` URL.
     pub url: String,
+    /// Its `amqps://guest:guest@localhost:port/%2f` URL, when started with
+    /// [`PrivateServer::start_tls`].
+    pub tls_url: Option<String>,
     node: String,
     port: u16,
     dist_port: u16,
@@ -321,21 +324,44 @@ impl PrivateServer {
     /// Starts a node on free ports and waits until it accepts AMQP
     /// connections.
     pub async fn start() -> Self {
+        Self::start_with(false).await
+    }
+
+    /// Starts a node that also accepts TLS connections (`tls_url`), with
+    /// the machine's certificate ([`crate::tls::SERVER_CERT`], issued to
+    /// `localhost`), and waits until it accepts AMQP connections.
+    pub async fn start_tls() -> Self {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(tls: bool) -> Self {
         let unique = uuid::Uuid::now_v7().simple().to_string();
         let home = std::env::temp_dir().join(format!("outbox-rabbitmq-{unique}"));
         std::fs::create_dir_all(&home).expect("the broker's directory");
         let port = crate::kafka::free_port();
         let dist_port = crate::kafka::free_port();
-        std::fs::write(
-            home.join("rabbitmq.conf"),
-            format!("listeners.tcp.default = 127.0.0.1:{port}\n"),
-        )
-        .expect("rabbitmq.conf");
+        let mut config = format!("listeners.tcp.default = 127.0.0.1:{port}\n");
+        let mut tls_url = None;
+        if tls {
+            let tls_port = crate::kafka::free_port();
+            config.push_str(&format!(
+                "listeners.ssl.default = 127.0.0.1:{tls_port}\n\
+                 ssl_options.certfile = {}\n\
+                 ssl_options.keyfile = {}\n\
+                 ssl_options.verify = verify_none\n\
+                 ssl_options.fail_if_no_peer_cert = false\n",
+                crate::tls::SERVER_CERT,
+                crate::tls::SERVER_KEY
+            ));
+            tls_url = Some(format!("amqps://guest:guest@localhost:{tls_port}/%2f"));
+        }
+        std::fs::write(home.join("rabbitmq.conf"), config).expect("rabbitmq.conf");
         std::fs::write(home.join("enabled_plugins"), "[].\n").expect("enabled_plugins");
         // Replaces /etc/rabbitmq/rabbitmq-env.conf, which names the shared node.
         std::fs::write(home.join("rabbitmq-env.conf"), "").expect("rabbitmq-env.conf");
         let mut server = Self {
             url: format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+            tls_url,
             node: format!("outbox-test-{unique}@localhost"),
             port,
             dist_port,
@@ -379,6 +405,57 @@ impl PrivateServer {
         assert!(self.child.is_none(), "stop or kill the node first");
         self.launch();
         self.wait_until_ready().await;
+    }
+
+    /// The node's client connections as `rabbitmqctl list_connections`
+    /// shows them: each one's `connection_name` property (or empty) and
+    /// whether it is encrypted (`ssl`).
+    pub fn connections(&self) -> Vec<(String, bool)> {
+        // The packaged wrapper on the PATH switches to the broker's user,
+        // whose cookie is not this node's: the tool beside the start script
+        // runs as the test, with the node's home.
+        let server = PathBuf::from(rabbitmq_server_bin());
+        let ctl = server.with_file_name("rabbitmqctl");
+        let ctl = if ctl.exists() {
+            ctl
+        } else {
+            PathBuf::from("rabbitmqctl")
+        };
+        let output = Command::new(ctl)
+            .env("HOME", &self.home)
+            .env(
+                "RABBITMQ_CONF_ENV_FILE",
+                self.home.join("rabbitmq-env.conf"),
+            )
+            .args([
+                "-n",
+                &self.node,
+                "list_connections",
+                "ssl",
+                "client_properties",
+                "--no-table-headers",
+                "-q",
+            ])
+            .output()
+            .expect("rabbitmqctl must be installed to list the node's connections");
+        assert!(
+            output.status.success(),
+            "rabbitmqctl list_connections failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // Lines of `<ssl>\t[..,{"connection_name","name"},..]`.
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| {
+                let (ssl, properties) = line.split_once('\t')?;
+                let name = properties
+                    .split_once("{\"connection_name\",\"")
+                    .and_then(|(_, rest)| rest.split_once('"'))
+                    .map(|(name, _)| name.to_owned())
+                    .unwrap_or_default();
+                Some((name, ssl.trim() == "true"))
+            })
+            .collect()
     }
 
     /// The node's log so far, for a failing test's message.

@@ -58,6 +58,7 @@ use futures::stream::FuturesUnordered;
 use super::{SendError, Sink};
 use crate::cloudevents;
 use crate::message::{Message, Wire};
+use crate::tls::{self, CertificateFiles, OptionNames};
 use outbox_contract::headers;
 use subject::{MAX_SUBJECT_BYTES, SubjectTemplate, covers};
 
@@ -113,7 +114,17 @@ pub struct NatsOptions {
     pub send_timeout: Duration,
     /// What the stream's duplicate window must exceed.
     pub resend_bound: ResendBound,
+    /// Root certificates to trust (then only these, and TLS is required),
+    /// and a client certificate and key.
+    pub tls: CertificateFiles,
 }
+
+/// How the NATS settings that name certificate files are called.
+const TLS_OPTIONS: OptionNames = OptionNames {
+    root: "--nats-ca",
+    client: "--nats-cert and --nats-key",
+    name_mismatch: "connect by a name the certificate lists",
+};
 
 impl Default for NatsOptions {
     fn default() -> Self {
@@ -125,6 +136,7 @@ impl Default for NatsOptions {
             max_pending: DEFAULT_MAX_PENDING,
             send_timeout: Duration::from_secs(30),
             resend_bound: ResendBound::default(),
+            tls: CertificateFiles::default(),
         }
     }
 }
@@ -467,7 +479,16 @@ impl NatsSink {
     pub async fn connect(options: NatsOptions) -> Result<Self, NatsSetupError> {
         let endpoint = endpoint(&options.url);
         let connect_timeout = options.send_timeout.min(Duration::from_secs(10));
-        let client = async_nats::ConnectOptions::new()
+        let mut connect = async_nats::ConnectOptions::new();
+        if let Some(root) = &options.tls.root {
+            connect = connect
+                .add_root_certificates(root.clone())
+                .require_tls(true);
+        }
+        if let (Some(cert), Some(key)) = (&options.tls.client_cert, &options.tls.client_key) {
+            connect = connect.add_client_certificate(cert.clone(), key.clone());
+        }
+        let client = connect
             .name(format!("outbox-relay pid {}", std::process::id()))
             .connection_timeout(connect_timeout)
             .max_reconnects(None)
@@ -484,7 +505,7 @@ impl NatsSink {
             .await
             .map_err(|error| NatsSetupError::Unreachable {
                 endpoint: endpoint.clone(),
-                reason: one_line(&error),
+                reason: connect_reason(&error, &options),
             })?;
         let jetstream = async_nats::jetstream::ContextBuilder::new()
             .timeout(options.send_timeout)
@@ -625,6 +646,26 @@ fn is_name_taken(kind: &CreateStreamErrorKind) -> bool {
 }
 
 /// An error on one line.
+/// Why connecting failed: a failed TLS handshake named for the operator,
+/// else the client's own words.
+fn connect_reason(error: &async_nats::ConnectError, options: &NatsOptions) -> String {
+    let host = options
+        .url
+        .split(',')
+        .next()
+        .and_then(|server| parse_server(server.trim()).ok())
+        .and_then(|parsed| parsed.host_str().map(str::to_owned))
+        .unwrap_or_default();
+    tls::handshake_reason(error, &host, &options.tls, &TLS_OPTIONS).unwrap_or_else(|| {
+        let text = one_line(error);
+        if text.contains("TLS required by server") || text.contains("tls required") {
+            format!("{text}; connect with tls:// (and --nats-ca for a private root)")
+        } else {
+            text
+        }
+    })
+}
+
 fn one_line(error: &impl std::fmt::Display) -> String {
     error.to_string().replace(['\r', '\n'], " ")
 }

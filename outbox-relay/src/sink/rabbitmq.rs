@@ -49,11 +49,12 @@ use futures::StreamExt;
 use futures::future::{Join, Ready, join, ready};
 use futures::stream::FuturesUnordered;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
-    PublisherConfirm,
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties,
+    DefaultConnectionBuilder, ExchangeKind, PublisherConfirm,
 };
 
 use super::{SendError, Sink};
@@ -61,6 +62,7 @@ use outbox_contract::headers;
 
 use crate::cloudevents;
 use crate::message::{Message, Wire};
+use crate::tls::{self, CertificateFiles, OptionNames};
 
 /// The default AMQP URL: a local broker, user `guest`, vhost `/`.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -137,15 +139,7 @@ pub enum RabbitMqSetupError {
 pub fn check_url(url: &str) -> Result<(), String> {
     let parsed = url::Url::parse(url).map_err(|error| format!("not a URL ({error})"))?;
     match parsed.scheme() {
-        "amqp" => {}
-        "amqps" if cfg!(feature = "amqp-tls") => {}
-        "amqps" => {
-            return Err(
-                "amqps:// needs the relay built with the `amqp-tls` feature \
-                 (cargo install outbox-relay --features amqp-tls)"
-                    .into(),
-            );
-        }
+        "amqp" | "amqps" => {}
         other => {
             return Err(format!(
                 "the scheme is {other}://; use amqp://user:password@host:5672/vhost or amqps://"
@@ -242,6 +236,53 @@ impl RabbitMqSink {
     }
 }
 
+/// How the AMQP URL's query parameters that name certificate files are
+/// called (RabbitMQ's own URI parameters).
+const TLS_OPTIONS: OptionNames = OptionNames {
+    root: "cacertfile in the URL",
+    client: "certfile and keyfile in the URL",
+    name_mismatch: "connect by a name the certificate lists",
+};
+
+/// The TLS settings of an `amqps://` connection: the URL's `cacertfile`
+/// added to the trusted roots, its `certfile` and `keyfile` as the client's
+/// identity.
+fn tls_config(files: &CertificateFiles) -> Result<OwnedTLSConfig, String> {
+    let read = |what: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|error| format!("cannot read {what} {}: {error}", path.display()))
+    };
+    let cert_chain = match &files.root {
+        Some(path) => Some(
+            String::from_utf8(read("the root certificates", path)?)
+                .map_err(|_| format!("{} is no PEM file", path.display()))?,
+        ),
+        None => None,
+    };
+    let identity = match (&files.client_cert, &files.client_key) {
+        (Some(cert), Some(key)) => Some(OwnedIdentity::PKCS8 {
+            pem: read("the client certificate", cert)?,
+            key: read("the client key", key)?,
+        }),
+        (None, None) => None,
+        _ => return Err("certfile and keyfile go together in the URL".into()),
+    };
+    Ok(OwnedTLSConfig {
+        identity,
+        cert_chain,
+    })
+}
+
+/// Why connecting failed: a failed TLS handshake named for the operator,
+/// else the client's own words.
+fn connect_reason(error: &lapin::Error, url: &str, files: &CertificateFiles) -> String {
+    let host = url::Url::parse(url)
+        .ok()
+        .and_then(|parsed| parsed.host_str().map(str::to_owned))
+        .unwrap_or_default();
+    tls::handshake_reason(error, &host, files, &TLS_OPTIONS).unwrap_or_else(|| one_line(error))
+}
+
 /// Opens a connection and a confirm-mode channel, and declares the exchange.
 async fn open(options: &RabbitMqOptions, endpoint: &str) -> Result<Link, RabbitMqSetupError> {
     let unreachable = |reason: String| RabbitMqSetupError::Unreachable {
@@ -251,18 +292,21 @@ async fn open(options: &RabbitMqOptions, endpoint: &str) -> Result<Link, RabbitM
     let connect_timeout = options.send_timeout.min(Duration::from_secs(10));
     let properties = ConnectionProperties::default()
         .with_connection_name(format!("outbox-relay pid {}", std::process::id()).into());
-    let connection = tokio::time::timeout(
-        connect_timeout,
-        Connection::connect(&options.url, properties),
-    )
-    .await
-    .map_err(|_| {
-        unreachable(format!(
-            "no answer within {}",
-            humantime::format_duration(connect_timeout)
-        ))
-    })?
-    .map_err(|error| unreachable(one_line(&error)))?;
+    let files = CertificateFiles::of_url(&options.url);
+    let builder = DefaultConnectionBuilder::new()
+        .map_err(|error| unreachable(one_line(&error)))?
+        .with_uri_str(options.url.clone())
+        .with_properties(properties)
+        .with_tls_config(tls_config(&files).map_err(unreachable)?);
+    let connection = tokio::time::timeout(connect_timeout, builder.connect())
+        .await
+        .map_err(|_| {
+            unreachable(format!(
+                "no answer within {}",
+                humantime::format_duration(connect_timeout)
+            ))
+        })?
+        .map_err(|error| unreachable(connect_reason(&error, &options.url, &files)))?;
     let channel = connection
         .create_channel()
         .await
