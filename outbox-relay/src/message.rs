@@ -24,8 +24,14 @@ pub use outbox_contract::headers::ID as HEADER_ID;
 pub struct Message {
     /// Destination topic.
     pub topic: String,
-    /// Partitioning key: the aggregate id.
+    /// The aggregate id: the Kafka key (unless `key_column` says
+    /// otherwise), and what sinks keep each aggregate's messages in order
+    /// by.
     pub key: String,
+    /// The Kafka key from the router's `table.field.event.key` column:
+    /// `None` without the option (the key is `key`), `Some(None)` for a
+    /// NULL there (no key).
+    pub key_column: Option<Option<String>>,
     /// The row's aggregate type, for brokers that carry it as a header.
     pub aggregate_type: String,
     /// Headers, in a fixed order.
@@ -63,6 +69,15 @@ pub struct Wire<'a> {
 }
 
 impl Message {
+    /// The key a keyed broker (Kafka) gets: the aggregate id, or the
+    /// router's key column's value; `None` for a NULL there.
+    pub fn wire_key(&self) -> Option<&str> {
+        match &self.key_column {
+            None => Some(&self.key),
+            Some(column) => column.as_deref(),
+        }
+    }
+
     /// The message as a sink writes it, CloudEvents attributes (if any)
     /// under `prefix` (see [`crate::cloudevents`]). Fails for good when a
     /// structured CloudEvent's payload is not JSON.
@@ -154,8 +169,13 @@ impl TopicTemplate {
 
     /// The message for a claimed row.
     pub fn message(&self, record: &OutboxRecord) -> Message {
+        let id = self
+            .router
+            .as_ref()
+            .and_then(|router| router.event_id(record))
+            .unwrap_or_else(|| record.id.clone());
         let mut headers = vec![
-            (headers::ID, record.id.clone()),
+            (headers::ID, id),
             (headers::EVENT_TYPE, record.event_type.clone()),
             (headers::EVENT_VERSION, record.event_version.to_string()),
         ];
@@ -169,18 +189,20 @@ impl TopicTemplate {
             Some(router) if router.routes() => router.topic(record),
             _ => self.topic(&record.aggregate_type),
         };
-        let (payload, extra_headers, partition, timestamp) = match &self.router {
+        let (payload, extra_headers, partition, timestamp, key_column) = match &self.router {
             Some(router) => (
                 router.value(record),
                 router.headers(record),
                 router.partition(record),
                 router.timestamp(record),
+                router.key(record),
             ),
-            None => (record.payload.clone(), Vec::new(), None, None),
+            None => (record.payload.clone(), Vec::new(), None, None, None),
         };
         Message {
             topic,
             key: record.aggregate_id.clone(),
+            key_column,
             aggregate_type: record.aggregate_type.clone(),
             headers,
             payload,
@@ -208,6 +230,7 @@ pub(crate) fn test_message(id: &str, key: &str) -> Message {
     Message {
         topic: "outbox.event.Order".into(),
         key: key.into(),
+        key_column: None,
         aggregate_type: "Order".into(),
         headers: vec![
             ("id", id.into()),

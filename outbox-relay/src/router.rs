@@ -34,11 +34,15 @@
 //!
 //! - `table.field.event.timestamp`: a column whose value (a time, or
 //!   milliseconds since the epoch) is the message timestamp.
+//! - `table.field.event.id`, `table.field.event.key`,
+//!   `table.field.event.payload` (defaults `id`, `aggregateid`,
+//!   `payload`): the columns the message's event id, Kafka key and payload
+//!   come from, for a table whose writers fill other columns than the
+//!   relay's. The relay's own bookkeeping (claims, marks, per-aggregate
+//!   order) still goes by `id`, `aggregatetype` and `aggregateid`.
 //!
 //! The topic is the Kafka topic and the RabbitMQ routing key; NATS
-//! subjects have their own template (`--nats-subject`). The router's
-//! options about custom column names are refused by name (the relay reads
-//! its own table's columns).
+//! subjects have their own template (`--nats-subject`).
 
 use std::fmt;
 
@@ -48,7 +52,7 @@ use crate::record::OutboxRecord;
 use crate::source::extra::{self, ExtraColumns, is_column_name};
 
 /// The options the relay takes.
-pub const OPTIONS: [&str; 8] = [
+pub const OPTIONS: [&str; 11] = [
     ROUTE_BY_FIELD,
     ROUTE_TOPIC_REGEX,
     ROUTE_TOPIC_REPLACEMENT,
@@ -57,10 +61,19 @@ pub const OPTIONS: [&str; 8] = [
     TABLE_FIELDS_ADDITIONAL_PLACEMENT,
     TABLE_FIELDS_ADDITIONAL_ERROR_ON_MISSING,
     TABLE_FIELD_EVENT_TIMESTAMP,
+    TABLE_FIELD_EVENT_ID,
+    TABLE_FIELD_EVENT_KEY,
+    TABLE_FIELD_EVENT_PAYLOAD,
 ];
 
 /// `table.field.event.timestamp`.
 pub const TABLE_FIELD_EVENT_TIMESTAMP: &str = "table.field.event.timestamp";
+/// `table.field.event.id`.
+pub const TABLE_FIELD_EVENT_ID: &str = "table.field.event.id";
+/// `table.field.event.key`.
+pub const TABLE_FIELD_EVENT_KEY: &str = "table.field.event.key";
+/// `table.field.event.payload`.
+pub const TABLE_FIELD_EVENT_PAYLOAD: &str = "table.field.event.payload";
 
 /// `table.fields.additional.placement`.
 pub const TABLE_FIELDS_ADDITIONAL_PLACEMENT: &str = "table.fields.additional.placement";
@@ -85,10 +98,7 @@ pub const DEFAULT_REGEX: &str = "(?<routedByValue>.*)";
 pub const DEFAULT_REPLACEMENT: &str = "outbox.event.${routedByValue}";
 
 /// Debezium router options the relay does not take.
-const NOT_TAKEN: [&str; 6] = [
-    "table.field.event.id",
-    "table.field.event.key",
-    "table.field.event.payload",
+const NOT_TAKEN: [&str; 3] = [
     "route.topic.regex.flags",
     "table.op.invalid.behavior",
     "debezium.op.invalid.behavior",
@@ -255,6 +265,19 @@ pub struct Router {
     /// `table.field.event.timestamp`: the index of its column in
     /// [`OutboxRecord::extra`].
     timestamp: Option<usize>,
+    /// `table.field.event.id`, `.key` and `.payload` naming another
+    /// column than the outbox's own: the index of that column in
+    /// [`OutboxRecord::extra`].
+    event_columns: EventColumns,
+}
+
+/// The columns `table.field.event.id`, `.key` and `.payload` name in
+/// place of `id`, `aggregateid` and `payload`, as indexes of extra columns.
+#[derive(Debug, Clone, Copy, Default)]
+struct EventColumns {
+    id: Option<usize>,
+    key: Option<usize>,
+    payload: Option<usize>,
 }
 
 impl Default for Router {
@@ -276,6 +299,12 @@ impl Router {
         let mut placements = Vec::new();
         let mut error_on_missing = true;
         let mut timestamp_column = None;
+        // (option, the outbox's own column, the column named)
+        let mut event_columns: [(&str, &str, Option<String>); 3] = [
+            (TABLE_FIELD_EVENT_ID, "id", None),
+            (TABLE_FIELD_EVENT_KEY, "aggregateid", None),
+            (TABLE_FIELD_EVENT_PAYLOAD, "payload", None),
+        ];
         for (name, value) in options {
             match name.as_str() {
                 ROUTE_BY_FIELD => route_by = RouteBy::parse(value)?,
@@ -299,6 +328,20 @@ impl Router {
                          (letters, digits and _)"
                     ));
                 }
+                TABLE_FIELD_EVENT_ID | TABLE_FIELD_EVENT_KEY | TABLE_FIELD_EVENT_PAYLOAD => {
+                    let column = value.trim();
+                    if !is_column_name(column) {
+                        return Err(format!(
+                            "{name}: {value:?} is not a column name (letters, digits and _)"
+                        ));
+                    }
+                    let entry = event_columns
+                        .iter_mut()
+                        .find(|(option, _, _)| option == name)
+                        .expect("one of the three");
+                    // The outbox's own column is the default: nothing to read.
+                    entry.2 = (column != entry.1).then(|| column.to_owned());
+                }
                 other => return Err(unknown(other)),
             }
         }
@@ -313,7 +356,7 @@ impl Router {
             || regex_text != DEFAULT_REGEX
             || replacement_text != DEFAULT_REPLACEMENT;
         let (additional, mut extra) = extra_columns(&route_by, placements, error_on_missing)?;
-        let timestamp = timestamp_column.map(|column| {
+        let mut index_of = |column: String| {
             extra
                 .columns
                 .iter()
@@ -322,7 +365,10 @@ impl Router {
                     extra.columns.push(column);
                     extra.columns.len() - 1
                 })
-        });
+        };
+        let timestamp = timestamp_column.map(&mut index_of);
+        let [id, key, payload] = event_columns.map(|(_, _, column)| column.map(&mut index_of));
+        let event_columns = EventColumns { id, key, payload };
         if extra.columns.len() > extra::MAX {
             return Err(format!(
                 "the router reads at most {} columns besides the outbox's own",
@@ -341,7 +387,48 @@ impl Router {
             additional,
             extra,
             timestamp,
+            event_columns,
         })
+    }
+
+    /// The event id `record`'s message carries (the `id` header, and what
+    /// each sink derives from it): the `table.field.event.id` column's
+    /// value as text; `None` keeps the row's own `id` (also for a NULL).
+    pub fn event_id(&self, record: &OutboxRecord) -> Option<String> {
+        let value = record.extra.get(self.event_columns.id?)?.as_deref();
+        json_text(value).map(std::borrow::Cow::into_owned)
+    }
+
+    /// The message key from the `table.field.event.key` column: `None`
+    /// without the option (the aggregate id is the key), `Some(None)` for
+    /// a NULL (a message without a key, as Debezium's router sends it).
+    pub fn key(&self, record: &OutboxRecord) -> Option<Option<String>> {
+        let index = self.event_columns.key?;
+        let value = record.extra.get(index).and_then(|value| value.as_deref());
+        Some(json_text(value).map(std::borrow::Cow::into_owned))
+    }
+
+    /// The payload as stored, which the message value is made of (see
+    /// [`Router::payload`]): the outbox's `payload`, or the
+    /// `table.field.event.payload` column's value. A JSON column's value
+    /// is its JSON text; a text column's is its text, except that with
+    /// expansion on, text that is no JSON stays a JSON string (as
+    /// Debezium's expansion leaves what it cannot parse).
+    fn payload_of(&self, record: &OutboxRecord) -> Option<String> {
+        let Some(index) = self.event_columns.payload else {
+            return record.payload.clone();
+        };
+        let json = record.extra.get(index)?.as_deref()?;
+        match serde_json::from_str::<serde_json::Value>(json) {
+            Ok(serde_json::Value::Null) => None,
+            Ok(serde_json::Value::String(text))
+                if !self.expand_json_payload
+                    || serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok() =>
+            {
+                Some(text)
+            }
+            _ => Some(json.to_owned()),
+        }
     }
 
     /// The message timestamp of `record` in milliseconds since the epoch,
@@ -406,7 +493,7 @@ impl Router {
     /// envelope `{"payload": .., "<name>": ..}` when fields are placed
     /// there; a tombstone stays a tombstone.
     pub fn value(&self, record: &OutboxRecord) -> Option<String> {
-        let payload = self.payload(&record.payload)?;
+        let payload = self.payload(&self.payload_of(record))?;
         let mut envelope = self.placed(Placement::Envelope).peekable();
         if envelope.peek().is_none() {
             return Some(payload);
@@ -557,8 +644,8 @@ fn parse_bool(name: &str, value: &str) -> Result<bool, String> {
 fn unknown(name: &str) -> String {
     if NOT_TAKEN.contains(&name) {
         return format!(
-            "router option {name:?} is not supported: the relay reads the columns of its own \
-             outbox table; it takes {}",
+            "router option {name:?} is not supported: it concerns Kafka Connect's \
+             records or Java regex flags, which the relay has none of; it takes {}",
             OPTIONS.join(", ")
         );
     }
@@ -753,6 +840,66 @@ mod tests {
     }
 
     #[test]
+    fn the_event_columns_give_the_id_key_and_payload() {
+        let router = Router::from_options(&options(&[
+            (TABLE_FIELD_EVENT_ID, "event_uuid"),
+            (TABLE_FIELD_EVENT_KEY, "partition_key"),
+            (TABLE_FIELD_EVENT_PAYLOAD, "body"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            router.extra_columns().columns,
+            ["event_uuid", "partition_key", "body"]
+        );
+        let mut record = test_record("e-1", "42", 0);
+        record.extra = vec![
+            Some(r#""legacy-7""#.into()),
+            Some(r#""tenant-3""#.into()),
+            Some(r#"{"total": 10}"#.into()),
+        ];
+        assert_eq!(router.event_id(&record).as_deref(), Some("legacy-7"));
+        assert_eq!(router.key(&record), Some(Some("tenant-3".into())));
+        assert_eq!(router.value(&record).as_deref(), Some(r#"{"total": 10}"#));
+        // A text column holding JSON is expanded; text that is none stays
+        // a string; a NULL key is no key, a NULL payload a tombstone, a
+        // NULL id the row's own.
+        record.extra = vec![None, None, Some(r#""{\"total\": 11}""#.into())];
+        assert_eq!(router.event_id(&record), None);
+        assert_eq!(router.key(&record), Some(None));
+        assert_eq!(router.value(&record).as_deref(), Some(r#"{"total": 11}"#));
+        record.extra[2] = Some(r#""plain text""#.into());
+        assert_eq!(router.value(&record).as_deref(), Some(r#""plain text""#));
+        record.extra[2] = None;
+        assert_eq!(router.value(&record), None);
+        // Without expansion, the value is a JSON string of the text.
+        let unexpanded = Router::from_options(&options(&[
+            (TABLE_FIELD_EVENT_PAYLOAD, "body"),
+            (TABLE_EXPAND_JSON_PAYLOAD, "false"),
+        ]))
+        .unwrap();
+        record.extra = vec![Some(r#""plain text""#.into())];
+        assert_eq!(
+            unexpanded.value(&record).as_deref(),
+            Some(r#""plain text""#)
+        );
+        record.extra = vec![Some(r#"{"total": 12}"#.into())];
+        assert_eq!(
+            unexpanded.value(&record).as_deref(),
+            Some(r#""{\"total\": 12}""#)
+        );
+        // The outbox's own columns read nothing extra.
+        let defaults = Router::from_options(&options(&[
+            (TABLE_FIELD_EVENT_ID, "id"),
+            (TABLE_FIELD_EVENT_KEY, "aggregateid"),
+            (TABLE_FIELD_EVENT_PAYLOAD, "payload"),
+        ]))
+        .unwrap();
+        assert!(defaults.extra_columns().columns.is_empty());
+        assert_eq!(defaults.key(&record), None);
+        assert_eq!(defaults.event_id(&record), None);
+    }
+
+    #[test]
     fn unknown_and_bad_options_are_refused_in_one_line() {
         let error = |pairs: &[(&str, &str)]| Router::from_options(&options(pairs)).unwrap_err();
         assert_eq!(
@@ -763,8 +910,12 @@ mod tests {
             "unknown router option \"compression\"; the relay takes route.by.field, "
         ));
         assert!(
-            error(&[("table.field.event.key", "k")])
-                .starts_with("router option \"table.field.event.key\" is not supported")
+            error(&[("route.topic.regex.flags", "i")])
+                .starts_with("router option \"route.topic.regex.flags\" is not supported")
+        );
+        assert_eq!(
+            error(&[(TABLE_FIELD_EVENT_KEY, "order key")]),
+            "table.field.event.key: \"order key\" is not a column name (letters, digits and _)"
         );
         assert_eq!(
             error(&[(ROUTE_BY_FIELD, "ten ant")]),

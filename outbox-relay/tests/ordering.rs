@@ -437,6 +437,7 @@ async fn a_kafka_sink_hands_nothing_over_past_its_send_window() {
         .map(|n| Message {
             topic: topic.clone(),
             key: "agg-1".into(),
+            key_column: None,
             aggregate_type: "Window".into(),
             headers: vec![(HEADER_ID, format!("event-{n}"))],
             payload: Some(format!("{{\"n\":{n}}}")),

@@ -331,9 +331,10 @@ impl KafkaSink {
                 value: Some(value.as_bytes()),
             });
         }
-        let mut record = FutureRecord::to(&message.topic)
-            .key(message.key.as_bytes())
-            .headers(headers);
+        let mut record = FutureRecord::to(&message.topic).headers(headers);
+        if let Some(key) = message.wire_key() {
+            record = record.key(key.as_bytes());
+        }
         if let Some(value) = &wire.value {
             record = record.payload(value.as_bytes());
         }

@@ -645,7 +645,6 @@ fn is_name_taken(kind: &CreateStreamErrorKind) -> bool {
     matches!(kind, CreateStreamErrorKind::JetStream(error) if error.error_code() == ErrorCode::STREAM_NAME_EXIST)
 }
 
-/// An error on one line.
 /// Why connecting failed: a failed TLS handshake named for the operator,
 /// else the client's own words.
 fn connect_reason(error: &async_nats::ConnectError, options: &NatsOptions) -> String {
@@ -656,16 +655,11 @@ fn connect_reason(error: &async_nats::ConnectError, options: &NatsOptions) -> St
         .and_then(|server| parse_server(server.trim()).ok())
         .and_then(|parsed| parsed.host_str().map(str::to_owned))
         .unwrap_or_default();
-    tls::handshake_reason(error, &host, &options.tls, &TLS_OPTIONS).unwrap_or_else(|| {
-        let text = one_line(error);
-        if text.contains("TLS required by server") || text.contains("tls required") {
-            format!("{text}; connect with tls:// (and --nats-ca for a private root)")
-        } else {
-            text
-        }
-    })
+    tls::handshake_reason(error, &host, &options.tls, &TLS_OPTIONS)
+        .unwrap_or_else(|| one_line(error))
 }
 
+/// An error on one line.
 fn one_line(error: &impl std::fmt::Display) -> String {
     error.to_string().replace(['\r', '\n'], " ")
 }

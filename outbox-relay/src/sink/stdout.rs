@@ -22,7 +22,7 @@ pub struct StdoutSink;
 #[derive(Serialize)]
 struct Line<'a> {
     topic: &'a str,
-    key: &'a str,
+    key: Option<&'a str>,
     /// The partition an additional field names, if one does.
     #[serde(skip_serializing_if = "Option::is_none")]
     partition: Option<i32>,
@@ -74,7 +74,7 @@ pub fn json_line(message: &Message) -> Result<String, SendError> {
         .map_err(SendError::permanent)?;
     let line = Line {
         topic: &message.topic,
-        key: &message.key,
+        key: message.wire_key(),
         partition,
         timestamp: message.timestamp,
         headers: Headers(&wire.headers),
@@ -124,6 +124,7 @@ mod tests {
         let message = Message {
             topic: "outbox.event.Order".into(),
             key: "42".into(),
+            key_column: None,
             aggregate_type: "Order".into(),
             headers: vec![("id", "e-1".into()), ("eventType", "OrderPlaced".into())],
             payload: Some(r#"{"order_id": 42}"#.into()),
@@ -143,6 +144,7 @@ mod tests {
         let mut message = Message {
             topic: "t".into(),
             key: "k".into(),
+            key_column: None,
             aggregate_type: "A".into(),
             headers: vec![],
             payload: None,
