@@ -5,7 +5,10 @@
 //! value) equals those columns of each row, on PostgreSQL (a JSON body),
 //! MariaDB and SQLite (a text body) by polling, in a replay, and on
 //! PostgreSQL in CDC mode; each aggregate's events arrive in written
-//! order, and the relay marks rows by their own `id` as always.
+//! order, and the relay marks rows by their own `id` as always. On NATS
+//! and RabbitMQ, which have no key, the id and payload columns apply
+//! (`Nats-Msg-Id`, `message_id`) and the aggregate id stays where they
+//! carry it.
 
 use std::path::Path;
 use std::time::Duration;
@@ -217,5 +220,115 @@ async fn cdc_messages_take_id_key_and_payload_from_the_named_columns() {
     relay.terminate();
     check(&received, &rows);
     t.drop_slot(&slot).await;
+    t.drop().await;
+}
+
+/// On NATS the event id column gives the `id` header and `Nats-Msg-Id`
+/// (JetStream's duplicate detection), the payload column the body; NATS
+/// has no key, so the subject and `aggregateId` keep the aggregate id.
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_messages_take_their_id_and_payload_from_the_named_columns() {
+    use outbox_tests::nats::{Scope, Witness, nats_url};
+    let witness = Witness::connect().await;
+    let scope = Scope::new("eventcolumns");
+    let t = TestDb::new(Backend::Postgres).await;
+    add_columns(&t).await;
+    let rows = insert_rows(&t).await;
+    let mut args = scope.drain_args(&nats_url(), &[]);
+    args.extend(options());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, stderr) = run_to_end(relay(), &args, &[("DATABASE_URL", &t.url)]);
+    assert_eq!(code, 0, "relay failed:\n{stderr}");
+    let stored = witness
+        .read(&scope.stream, rows.len() as u64, Duration::from_secs(30))
+        .await;
+    let received: Vec<Consumed> = stored
+        .iter()
+        .map(|message| {
+            let id = message.header("id").expect("an id header");
+            assert_eq!(message.header("Nats-Msg-Id"), Some(id));
+            let row = rows
+                .iter()
+                .find(|row| row.event_uuid == id)
+                .unwrap_or_else(|| panic!("{id} is no row's event_uuid"));
+            assert_eq!(message.header("aggregateId"), Some(row.aggregate_id));
+            assert_eq!(
+                message.subject,
+                format!("{}.event.Order.{}", scope.prefix, row.aggregate_id)
+            );
+            // Keyed as the Kafka message would be, for the shared check.
+            let mut consumed = message.consumed();
+            consumed.key = row.msg_key.map(str::to_owned);
+            consumed
+        })
+        .collect();
+    check(&received, &rows);
+    witness.delete_stream(&scope.stream).await;
+    t.drop().await;
+}
+
+/// On RabbitMQ the event id column gives the `id` header and the
+/// `message_id` property, the payload column the body; the `aggregateId`
+/// header keeps the aggregate id.
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_messages_take_their_id_and_payload_from_the_named_columns() {
+    use lapin::types::FieldTable;
+    use outbox_tests::rabbitmq::{Broker, amqp_url, unique};
+    let broker = Broker::connect().await;
+    let exchange = unique("eventcolumns");
+    let queue = unique("eventcolumns-q");
+    broker
+        .bind_queue(&exchange, &queue, "outbox.event.*", FieldTable::default())
+        .await;
+    let t = TestDb::new(Backend::MySql).await;
+    add_columns(&t).await;
+    let rows = insert_rows(&t).await;
+    let url = amqp_url();
+    let mut args: Vec<String> = [
+        "run",
+        "--drain",
+        "--sink",
+        "rabbitmq",
+        "--amqp-url",
+        &url,
+        "--amqp-exchange",
+        &exchange,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend(options());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, stderr) = run_to_end(relay(), &args, &[("DATABASE_URL", &t.url)]);
+    assert_eq!(code, 0, "relay failed:\n{stderr}");
+    let received = broker
+        .read(
+            &queue,
+            rows.len(),
+            Duration::from_secs(30),
+            Duration::from_millis(500),
+        )
+        .await;
+    let received: Vec<Consumed> = received
+        .into_iter()
+        .map(|message| {
+            let id = message.message.header("id").expect("an id header");
+            assert_eq!(
+                message.properties.message_id().as_ref().map(|v| v.as_str()),
+                Some(id)
+            );
+            let row = rows
+                .iter()
+                .find(|row| row.event_uuid == id)
+                .unwrap_or_else(|| panic!("{id} is no row's event_uuid"));
+            // The test client names the aggregate by its `aggregateId`
+            // header; keyed as the Kafka message would be for the check.
+            assert_eq!(message.message.key.as_deref(), Some(row.aggregate_id));
+            let mut consumed = message.message;
+            consumed.key = row.msg_key.map(str::to_owned);
+            consumed
+        })
+        .collect();
+    check(&received, &rows);
+    broker.clean_up(&exchange, &[&queue]).await;
     t.drop().await;
 }
