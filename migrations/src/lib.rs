@@ -308,6 +308,39 @@ impl MigrationTrait for CreateReplay {
     }
 }
 
+/// PostgreSQL, on an outbox partitioned by [`PartitionOutbox`]: creating day
+/// partitions by hand (`SELECT outbox_create_partitions(7)`) waits for the
+/// claims open on the outbox before it moves rows out of the default
+/// partition, as `outbox-relay partitions maintain` does, instead of
+/// deadlocking with a claim that waits for a moved row. Nothing on
+/// MariaDB/MySQL, whose days are split by the relay.
+pub struct PartitionCreationWaitsForClaims;
+
+impl MigrationName for PartitionCreationWaitsForClaims {
+    fn name(&self) -> &str {
+        "m20261204_000010_partition_creation_waits_for_claims"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for PartitionCreationWaitsForClaims {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_on_postgres(
+            manager,
+            include_str!("../sql/postgres/0010_partition_creation_waits_for_claims.up.sql"),
+        )
+        .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_on_postgres(
+            manager,
+            include_str!("../sql/postgres/0010_partition_creation_waits_for_claims.down.sql"),
+        )
+        .await
+    }
+}
+
 /// Runs a migration of the partitioned outbox; on SQLite, an error that
 /// says why there is none.
 async fn run_partitioned(manager: &SchemaManager<'_>, sql: &Sql) -> Result<(), DbErr> {
@@ -375,6 +408,7 @@ impl MigratorTrait for PartitionedMigrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
         let mut migrations = Migrator::migrations();
         migrations.push(Box::new(PartitionOutbox));
+        migrations.push(Box::new(PartitionCreationWaitsForClaims));
         // In the order of their names, as they were released.
         migrations.sort_by(|a, b| a.name().cmp(b.name()));
         migrations

@@ -836,6 +836,27 @@ async fn sharded_relays_maintain_a_partitioned_outbox_together_mariadb() {
 /// open claim, the second claim for the maintenance.
 #[tokio::test(flavor = "multi_thread")]
 async fn creating_a_day_for_rows_of_the_default_partition_waits_for_open_claims() {
+    creating_a_day_waits_for_open_claims(Creation::Relay).await;
+}
+
+/// The same with the days created by hand in SQL
+/// (`SELECT outbox_create_partitions(7)`), as an operator or a scheduled
+/// job of the database may: the function waits for the open claims too.
+#[tokio::test(flavor = "multi_thread")]
+async fn creating_days_by_hand_in_sql_waits_for_open_claims() {
+    creating_a_day_waits_for_open_claims(Creation::Sql).await;
+}
+
+/// Who creates the day partitions.
+#[derive(Clone, Copy)]
+enum Creation {
+    /// `outbox-relay partitions maintain`.
+    Relay,
+    /// `SELECT outbox_create_partitions(7)` in a session of its own.
+    Sql,
+}
+
+async fn creating_a_day_waits_for_open_claims(creation: Creation) {
     use sea_orm::TransactionTrait;
 
     let t = TestDb::new(Backend::Postgres).await;
@@ -862,12 +883,35 @@ async fn creating_a_day_for_rows_of_the_default_partition_waits_for_open_claims(
 
     let name = format!("maintain-{}", uuid::Uuid::now_v7().simple());
     let url = format!("{}&application_name={name}", t.url);
-    let maintenance = tokio::task::spawn_blocking(move || {
-        run_to_end(
-            Path::new(RELAY),
-            &["partitions", "maintain", "--retain", "365d", "--json"],
-            &[("DATABASE_URL", &url)],
-        )
+    let maintenance = tokio::spawn(async move {
+        match creation {
+            Creation::Relay => tokio::task::spawn_blocking(move || {
+                let (code, stdout, stderr) = run_to_end(
+                    Path::new(RELAY),
+                    &["partitions", "maintain", "--retain", "365d", "--json"],
+                    &[("DATABASE_URL", &url)],
+                );
+                assert_eq!(code, 0, "{stderr}");
+                let done: Value = serde_json::from_str(&stdout).expect("JSON");
+                done["created"].as_i64().expect("created")
+            })
+            .await
+            .expect("the maintenance"),
+            Creation::Sql => {
+                let db = sea_orm::Database::connect(&url).await.expect("a session");
+                let created = db
+                    .query_one_raw(sea_orm::Statement::from_string(
+                        sea_orm::DbBackend::Postgres,
+                        "SELECT outbox_create_partitions(7)::int8 AS created",
+                    ))
+                    .await
+                    .expect("outbox_create_partitions ends without a deadlock")
+                    .expect("a row");
+                let created: i64 = created.try_get("", "created").expect("created");
+                db.close().await.expect("close");
+                created
+            }
+        }
     });
     let waiting = |application: String| {
         format!(
@@ -903,10 +947,8 @@ async fn creating_a_day_for_rows_of_the_default_partition_waits_for_open_claims(
         .expect("the first claim's mark");
     first.commit().await.expect("the first claim ends");
 
-    let (code, stdout, stderr) = maintenance.await.expect("the maintenance");
-    assert_eq!(code, 0, "{stderr}");
-    let done: Value = serde_json::from_str(&stdout).expect("JSON");
-    assert!(done["created"].as_i64() >= Some(1), "{done}");
+    let created = maintenance.await.expect("the maintenance");
+    assert!(created >= 1, "{created} partitions created");
     second
         .await
         .expect("the second claim")
