@@ -167,8 +167,8 @@ async fn unknown_and_unsupported_router_options_are_refused_in_one_line() {
             "error: --router: unknown router option \"route.topic.regx\"; did you mean \"route.topic.regex\"?",
         ),
         (
-            "table.field.event.key=tenant",
-            "error: --router: router option \"table.field.event.key\" is not supported",
+            "route.topic.regex.flags=i",
+            "error: --router: router option \"route.topic.regex.flags\" is not supported",
         ),
         (
             "route.by.field=ten-ant",
@@ -185,6 +185,15 @@ async fn unknown_and_unsupported_router_options_are_refused_in_one_line() {
             "no secret here",
         );
     }
+    // A column the outbox lacks stops the relay at start (exit 1).
+    assert_refused(
+        relay(),
+        &["run", "--drain", "--router", "table.field.event.key=tenant"],
+        &[("DATABASE_URL", &t.url)],
+        1,
+        "error: cannot connect to the database",
+        "no secret here",
+    );
     assert_refused(
         relay(),
         &[

@@ -107,9 +107,9 @@ where
             Err(sqlx::Error::Database(_)) => {
                 return Err(sqlx::Error::Configuration(
                     format!(
-                        "the outbox table has no column `{column}` (named by the router's \
-                         table.fields.additional.placement or route.by.field); add it, or set \
-                         table.fields.additional.error.on.missing=false"
+                        "the outbox table has no column `{column}` (named by a router option: \
+                         route.by.field, table.fields.additional.placement or table.field.event.*); \
+                         add it, or set table.fields.additional.error.on.missing=false"
                     )
                     .into(),
                 ));
