@@ -13,7 +13,6 @@
 //! them. Without shards, rows another claim holds are skipped
 //! (`FOR UPDATE SKIP LOCKED`) and an aggregate's run is cut there.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,9 +24,15 @@ use super::dead_letters::park;
 use super::decode;
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect, ShardStatements};
 use super::extra::{self, ExtraSelect};
-use super::runs::{Head, exclusion, in_claim_order, read_heads, read_runs};
+use super::runs::{
+    Head, RUN_COLUMNS, RunKey, Settled, exclusion, in_claim_order, oldest_sql, plan, read_heads,
+    read_runs, run_positions,
+};
 use super::shards::{ShardConfig, ShardStore, Taken, tables};
-use super::{IdLists, RunRow, SourceError, SourceOptions, SqlSource, Typed, question_marks};
+use super::{
+    FastSet, IdLists, InFlight, RunRow, SourceError, SourceOptions, SqlSource, Typed,
+    question_marks,
+};
 use crate::database::DatabaseUrl;
 use crate::record::OutboxRecord;
 
@@ -52,6 +57,8 @@ pub struct MySqlDialect {
     session: SessionSetup,
     /// The extra columns' select items.
     extra: ExtraSelect,
+    /// Where the aggregates this relay settled continue.
+    settled: Arc<Settled>,
 }
 
 #[async_trait]
@@ -86,7 +93,18 @@ impl Dialect for MySqlDialect {
             .connect(&driver_url)
             .await?;
         let extra = extra::select(&pool, &options.extra, &extra::MYSQL).await?;
-        Ok((pool, Self { session, extra }))
+        Ok((
+            pool,
+            Self {
+                session,
+                extra,
+                settled: Arc::default(),
+            },
+        ))
+    }
+
+    fn settled(&self) -> Option<&Arc<Settled>> {
+        Some(&self.settled)
     }
 
     async fn shard_store(
@@ -119,10 +137,17 @@ impl Dialect for MySqlDialect {
                 ""
             }
         };
-        let extra = &source.dialect().extra.items;
-        Ok(claim_runs(conn, &filter, request, lock, extra)
-            .await?
-            .into())
+        let dialect = source.dialect();
+        Ok(claim_runs(
+            conn,
+            &filter,
+            request,
+            lock,
+            &dialect.extra.items,
+            &dialect.settled,
+        )
+        .await?
+        .into())
     }
 
     const NOW: &'static str = "UTC_TIMESTAMP(6)";
@@ -161,42 +186,77 @@ impl Dialect for MySqlDialect {
 }
 
 /// Claims up to `limit` rows in aggregate order (see `source/runs.rs`):
-/// reads the aggregates of the oldest pending rows passing `filter` (its
-/// parameters: the excluded pairs, then the shard count and the shards
-/// when sharded), then their runs, without locking; then locks exactly
-/// those rows by primary key (`lock` appended to `FOR UPDATE`). InnoDB
-/// locks every record a locking scan passes, so a locking scan filtered by
-/// shard would wait on other instances' rows.
+/// reads the oldest pending rows passing `filter` (its parameters: the
+/// excluded pairs, then the shard count and the shards when sharded),
+/// without locking; takes each aggregate's rows there as they are when
+/// [`plan`] proves them its earliest pending ones (nearly always), and
+/// looks up the others' earliest rows in `aggregate_seq` order; then locks
+/// exactly those rows by primary key (`lock` appended to `FOR UPDATE`).
+/// InnoDB locks every record a locking scan passes, so a locking scan
+/// filtered by shard would wait on other instances' rows.
+///
+/// The oldest rows are one consistent read: an aggregate's numbered rows
+/// commit in number order (each writer holds the aggregate's sequence row
+/// until it commits), so a numbered row it shows has every earlier one
+/// committed. Aggregates with rows in this relay's other claim are left
+/// out by `filter`, so none continues after rows in flight.
 async fn claim_runs(
     conn: &mut MySqlConnection,
     filter: &str,
     request: &ClaimRequest<'_>,
     lock: &str,
     extra: &str,
+    settled: &Settled,
 ) -> Result<Vec<OutboxRecord>, SourceError> {
-    let heads = read_heads::<MySql>(
+    let oldest = read_heads::<MySql>(
         conn,
-        filter,
+        &oldest_sql(filter),
         request.excluded,
         request.shards.as_ref(),
         request.limit,
     )
     .await?
     .iter()
-    .map(Head::from_row)
+    .map(RunKey::from_row)
     .collect::<Result<Vec<_>, _>>()?;
-    if heads.is_empty() {
+    if oldest.is_empty() {
         return Ok(Vec::new());
     }
-
-    let positions: HashMap<String, i64> = read_runs::<MySql>(conn, "id", &heads)
-        .await?
-        .iter()
-        .map(<(String, i64)>::from_row)
-        .collect::<Result<_, _>>()?;
+    let plan = plan(&oldest, &InFlight::default(), settled);
+    let taken: FastSet<i64> = plan.rows.iter().copied().collect();
+    let mut runs: Vec<RunKey> = oldest
+        .into_iter()
+        .filter(|row| taken.contains(&row.seq))
+        .collect();
+    if !plan.lookups.is_empty() {
+        let lookups: Vec<Head> = plan
+            .lookups
+            .iter()
+            .map(|lookup| Head {
+                aggregatetype: lookup.key.aggregate_type.clone(),
+                aggregateid: lookup.key.aggregate_id.clone(),
+                n: lookup.n,
+                first_seq: plan.first_seq[&lookup.key],
+            })
+            .collect();
+        for row in read_runs::<MySql>(conn, RUN_COLUMNS, &lookups, false).await? {
+            runs.push(RunKey::from_row(&row)?);
+        }
+    }
+    let positions = run_positions(runs);
     if positions.is_empty() {
         return Ok(Vec::new());
     }
+    let heads: Vec<Head> = plan
+        .first_seq
+        .iter()
+        .map(|(key, first_seq)| Head {
+            aggregatetype: key.aggregate_type.clone(),
+            aggregateid: key.aggregate_id.clone(),
+            n: 0,
+            first_seq: *first_seq,
+        })
+        .collect();
 
     let lock_sql = format!(
         "SELECT {COLUMNS}{extra} FROM outbox WHERE id IN ({}) AND {PENDING} FOR UPDATE{lock}",

@@ -12,13 +12,15 @@
 //! aggregate, in the order of their oldest rows; each aggregate's run in
 //! sequence order.
 //!
-//! PostgreSQL locks the oldest rows themselves and [`plan`]s: an aggregate
-//! whose oldest rows are provably its earliest pending ones (their numbers
-//! continue where the aggregate is known to stand) is taken as it is, any
-//! other is looked up in `aggregate_seq` order by a second statement; the
-//! batch is ordered by [`claim_order`]. MariaDB/MySQL and SQLite
-//! run [`head_sql`] and [`runs_sql`] and order the result with
-//! [`in_claim_order`].
+//! PostgreSQL and MariaDB/MySQL read the oldest rows themselves and
+//! [`plan`]: an aggregate whose oldest rows are provably its earliest
+//! pending ones (their numbers continue where the aggregate is known to
+//! stand) is taken as it is, any other is looked up in `aggregate_seq`
+//! order by a second statement. PostgreSQL locks as it reads and orders
+//! the batch by [`claim_order`]; MariaDB/MySQL reads without locking,
+//! locks the chosen rows by primary key and orders them with
+//! [`in_claim_order`]. SQLite runs [`head_sql`] and [`runs_sql`] for every
+//! aggregate and orders the result with [`in_claim_order`].
 
 use super::FastMap as HashMap;
 
@@ -95,34 +97,135 @@ pub(crate) struct Head {
     pub first_seq: i64,
 }
 
-/// With `?` placeholders: the aggregates of the oldest `?` (the last
-/// parameter) pending rows that pass `filter` (a condition starting with
-/// ` AND `, its parameters first).
+/// With `?` placeholders: the oldest `?` (the last parameter) pending rows
+/// that pass `filter` (a condition starting with ` AND `, its parameters
+/// first), as [`RUN_COLUMNS`], in `seq` order.
+pub(crate) fn oldest_sql(filter: &str) -> String {
+    format!(
+        "SELECT {RUN_COLUMNS} FROM outbox \
+         WHERE published_at IS NULL AND dead_lettered_at IS NULL{filter} \
+         ORDER BY seq LIMIT ?"
+    )
+}
+
+/// [`oldest_sql`]'s rows by aggregate, as [`Head`]s.
 pub(crate) fn head_sql(filter: &str) -> String {
     format!(
-        "SELECT aggregatetype, aggregateid, COUNT(*) AS n, MIN(seq) AS first_seq FROM (\
-           SELECT aggregatetype, aggregateid, seq FROM outbox \
-           WHERE published_at IS NULL AND dead_lettered_at IS NULL{filter} \
-           ORDER BY seq LIMIT ?) AS oldest \
-         GROUP BY aggregatetype, aggregateid"
+        "SELECT aggregatetype, aggregateid, COUNT(*) AS n, MIN(seq) AS first_seq FROM ({}) AS oldest \
+         GROUP BY aggregatetype, aggregateid",
+        oldest_sql(filter)
     )
 }
 
 /// With `?` placeholders: for each of `aggregates` aggregates (bound as
 /// type, id, count), that many of its earliest pending rows in
-/// `aggregate_seq` order, as `columns` plus `run_position`.
-pub(crate) fn runs_sql(columns: &str, aggregates: usize) -> String {
-    let run = format!(
-        "SELECT * FROM (SELECT {columns}, \
-           ROW_NUMBER() OVER (ORDER BY aggregate_seq, seq) AS run_position FROM outbox \
+/// `aggregate_seq` order, as `columns`, plus `run_position` when
+/// `numbered`.
+///
+/// Numbered rows are numbered after the limit: a window over the
+/// aggregate's pending rows would read all of them where the pending
+/// aggregate index yields just the first `count`. Unnumbered, each part
+/// is a parenthesized `SELECT` (MariaDB/MySQL, not SQLite): no derived
+/// table to materialize per aggregate, and [`run_positions`] numbers the
+/// rows.
+pub(crate) fn runs_sql(columns: &str, aggregates: usize, numbered: bool) -> String {
+    let lookup = format!(
+        "SELECT {columns} FROM outbox \
            WHERE aggregatetype = ? AND aggregateid = ? \
            AND published_at IS NULL AND dead_lettered_at IS NULL \
-           ORDER BY aggregate_seq, seq LIMIT ?) AS run"
+           ORDER BY aggregate_seq, seq LIMIT ?"
     );
     (0..aggregates)
-        .map(|n| format!("{run}{n}"))
+        .map(|n| {
+            if numbered {
+                format!(
+                    "SELECT *, ROW_NUMBER() OVER (ORDER BY run_aggregate_seq, run_seq) \
+                       AS run_position FROM (\
+                       {}) AS run{n}",
+                    lookup.replacen(
+                        " FROM outbox",
+                        ", aggregate_seq AS run_aggregate_seq, seq AS run_seq FROM outbox",
+                        1
+                    )
+                )
+            } else {
+                format!("({lookup})")
+            }
+        })
         .collect::<Vec<_>>()
         .join(" UNION ALL ")
+}
+
+/// The columns of a [`RunKey`].
+pub(crate) const RUN_COLUMNS: &str = "id, aggregatetype, aggregateid, aggregate_seq, seq";
+
+/// Where a pending row stands: what places it in its aggregate's run.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct RunKey {
+    pub id: String,
+    pub aggregatetype: String,
+    pub aggregateid: String,
+    pub aggregate_seq: Option<i64>,
+    pub seq: i64,
+}
+
+/// Each row's place in its aggregate's run, by id: 1, 2, ... per aggregate
+/// in `aggregate_seq` order, rows without one first, ties by `seq` (the
+/// order [`runs_sql`] reads in).
+pub(crate) fn run_positions(mut rows: Vec<RunKey>) -> HashMap<String, i64> {
+    rows.sort_unstable_by(|a, b| {
+        (&a.aggregatetype, &a.aggregateid, a.aggregate_seq, a.seq).cmp(&(
+            &b.aggregatetype,
+            &b.aggregateid,
+            b.aggregate_seq,
+            b.seq,
+        ))
+    });
+    let mut positions = HashMap::default();
+    positions.reserve(rows.len());
+    let mut position = 0;
+    for (n, row) in rows.iter().enumerate() {
+        let same = n > 0
+            && rows[n - 1].aggregatetype == row.aggregatetype
+            && rows[n - 1].aggregateid == row.aggregateid;
+        position = if same { position + 1 } else { 1 };
+        positions.insert(row.id.clone(), position);
+    }
+    positions
+}
+
+/// A pending row as [`plan`] sees it.
+pub(crate) trait Placed {
+    /// Its aggregate's type and id.
+    fn aggregate(&self) -> (&str, &str);
+    /// `aggregate_seq`.
+    fn aggregate_seq(&self) -> Option<i64>;
+    /// `seq`.
+    fn seq(&self) -> i64;
+}
+
+impl Placed for OutboxRecord {
+    fn aggregate(&self) -> (&str, &str) {
+        (&self.aggregate_type, &self.aggregate_id)
+    }
+    fn aggregate_seq(&self) -> Option<i64> {
+        self.aggregate_seq
+    }
+    fn seq(&self) -> i64 {
+        self.seq
+    }
+}
+
+impl Placed for RunKey {
+    fn aggregate(&self) -> (&str, &str) {
+        (&self.aggregatetype, &self.aggregateid)
+    }
+    fn aggregate_seq(&self) -> Option<i64> {
+        self.aggregate_seq
+    }
+    fn seq(&self) -> i64 {
+        self.seq
+    }
 }
 
 /// ` AND (aggregatetype, aggregateid) NOT IN (...)` with a `(?, ?)` pair
@@ -140,11 +243,12 @@ pub(crate) fn exclusion(excluded: usize, values: bool) -> String {
     format!(" AND (aggregatetype, aggregateid) NOT IN ({list})")
 }
 
-/// Runs [`head_sql`] with `filter` (from [`exclusion`], then with
-/// `shards` a condition on the shard count and the owned shards).
+/// Runs `sql` ([`head_sql`] or [`oldest_sql`] with a filter from
+/// [`exclusion`], then with `shards` a condition on the shard count and
+/// the owned shards).
 pub(crate) async fn read_heads<DB>(
     conn: &mut DB::Connection,
-    filter: &str,
+    sql: &str,
     excluded: &[AggregateKey],
     shards: Option<&ShardScope>,
     limit: usize,
@@ -157,7 +261,7 @@ where
     for<'q> i64: Encode<'q, DB> + Type<DB>,
     for<'q> u32: Encode<'q, DB> + Type<DB>,
 {
-    let mut query = sqlx::query(AssertSqlSafe(head_sql(filter)));
+    let mut query = sqlx::query(AssertSqlSafe(sql));
     for key in excluded {
         query = query
             .bind(key.aggregate_type.as_str())
@@ -172,11 +276,12 @@ where
     query.bind(limit as i64).fetch_all(conn).await
 }
 
-/// Runs [`runs_sql`] for `heads`, selecting `columns`.
+/// Runs [`runs_sql`] for `heads`, selecting `columns`, `numbered` or not.
 pub(crate) async fn read_runs<DB>(
     conn: &mut DB::Connection,
     columns: &str,
     heads: &[Head],
+    numbered: bool,
 ) -> Result<Vec<DB::Row>, sqlx::Error>
 where
     DB: Database,
@@ -185,7 +290,7 @@ where
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> i64: Encode<'q, DB> + Type<DB>,
 {
-    let mut query = sqlx::query(AssertSqlSafe(runs_sql(columns, heads.len())));
+    let mut query = sqlx::query(AssertSqlSafe(runs_sql(columns, heads.len(), numbered)));
     for head in heads {
         query = query
             .bind(head.aggregatetype.as_str())
@@ -272,7 +377,7 @@ pub(crate) struct Lookup {
 /// later event with a lower `seq` than the event it waited for: the
 /// numbers in the head then have a gap or do not start where expected,
 /// and the aggregate is looked up.
-pub(crate) fn plan(head: &[OutboxRecord], in_flight: &InFlight, settled: &Settled) -> Plan {
+pub(crate) fn plan<R: Placed>(head: &[R], in_flight: &InFlight, settled: &Settled) -> Plan {
     let ends: HashMap<(&str, &str), RunEnd> = in_flight
         .runs
         .iter()
@@ -280,10 +385,10 @@ pub(crate) fn plan(head: &[OutboxRecord], in_flight: &InFlight, settled: &Settle
         .collect();
     // The head's aggregates in the order of their oldest rows, each with
     // its rows (borrowed: no key is copied per row).
-    let mut groups: Vec<((&str, &str), Vec<&OutboxRecord>)> = Vec::new();
+    let mut groups: Vec<((&str, &str), Vec<&R>)> = Vec::new();
     let mut index: HashMap<(&str, &str), usize> = HashMap::default();
     for row in head {
-        let key = (row.aggregate_type.as_str(), row.aggregate_id.as_str());
+        let key = row.aggregate();
         match index.get(&key) {
             Some(&at) => groups[at].1.push(row),
             None => {
@@ -300,12 +405,12 @@ pub(crate) fn plan(head: &[OutboxRecord], in_flight: &InFlight, settled: &Settle
         };
         let end = ends.get(&(aggregate_type, aggregate_id)).copied();
         // The head is in `seq` order: the first row is the oldest.
-        plan.first_seq.insert(key.clone(), rows[0].seq);
-        let earliest = if rows.iter().all(|row| row.aggregate_seq.is_none()) {
+        plan.first_seq.insert(key.clone(), rows[0].seq());
+        let earliest = if rows.iter().all(|row| row.aggregate_seq().is_none()) {
             end.is_none_or(|end| end.aggregate_seq == 0)
         } else if let Some(mut numbers) = rows
             .iter()
-            .map(|row| row.aggregate_seq)
+            .map(|row| row.aggregate_seq())
             .collect::<Option<Vec<i64>>>()
         {
             numbers.sort_unstable();
@@ -325,7 +430,7 @@ pub(crate) fn plan(head: &[OutboxRecord], in_flight: &InFlight, settled: &Settle
             false
         };
         if earliest {
-            plan.rows.extend(rows.iter().map(|row| row.seq));
+            plan.rows.extend(rows.iter().map(|row| row.seq()));
         } else {
             plan.lookups.push(Lookup {
                 key,
@@ -522,10 +627,39 @@ mod tests {
 
     #[test]
     fn runs_statements_have_one_part_per_aggregate() {
-        let sql = runs_sql("id", 2);
+        let sql = runs_sql("id", 2, true);
         assert_eq!(sql.matches("UNION ALL").count(), 1);
         assert_eq!(sql.matches('?').count(), 6);
         assert!(sql.contains("AS run0 UNION ALL SELECT"), "{sql}");
+        let sql = runs_sql(RUN_COLUMNS, 2, false);
+        assert_eq!(sql.matches("UNION ALL").count(), 1);
+        assert_eq!(sql.matches('?').count(), 6);
+        assert!(sql.starts_with("(SELECT id, aggregatetype"), "{sql}");
+        assert!(sql.contains("LIMIT ?) UNION ALL (SELECT"), "{sql}");
+    }
+
+    #[test]
+    fn runs_are_numbered_per_aggregate_in_sequence_order() {
+        let row = |id: &str, aggregate: &str, aggregate_seq: Option<i64>, seq: i64| RunKey {
+            id: id.to_owned(),
+            aggregatetype: "Invoice".to_owned(),
+            aggregateid: aggregate.to_owned(),
+            aggregate_seq,
+            seq,
+        };
+        let positions = run_positions(vec![
+            row("a3", "a", Some(3), 2),
+            row("b1", "b", None, 9),
+            row("a2", "a", Some(2), 5),
+            row("b2", "b", Some(1), 1),
+            row("a1", "a", None, 7),
+            row("b0", "b", None, 4),
+        ]);
+        let place = |id: &str| positions[id];
+        assert_eq!(
+            ["a1", "a2", "a3", "b0", "b1", "b2"].map(place),
+            [1, 2, 3, 1, 2, 3]
+        );
     }
 
     fn head(rows: &[(&str, Option<i64>, i64)]) -> Vec<OutboxRecord> {

@@ -22,7 +22,7 @@ use super::dead_letters::park;
 use super::decode::{self, Undecodable};
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect};
 use super::extra;
-use super::runs::{exclusion, in_claim_order, read_heads, read_runs};
+use super::runs::{exclusion, head_sql, in_claim_order, read_heads, read_runs};
 use super::{DeadLetter, IdLists, SourceError, SourceOptions, SqlSource, StatusRows, TypeBacklog};
 use crate::database::DatabaseUrl;
 
@@ -75,8 +75,14 @@ impl Dialect for SqliteDialect {
     ) -> Result<ClaimedRows, SourceError> {
         let filter = exclusion(request.excluded.len(), true);
         loop {
-            let rows =
-                read_heads::<Sqlite>(conn, &filter, request.excluded, None, request.limit).await?;
+            let rows = read_heads::<Sqlite>(
+                conn,
+                &head_sql(&filter),
+                request.excluded,
+                None,
+                request.limit,
+            )
+            .await?;
             let heads = decode::heads(&rows)?;
             // A key that cannot be read is every row of its aggregate's.
             let mut dead_lettered = dead_letter(conn, &heads.undecodable, true).await?;
@@ -84,7 +90,8 @@ impl Dialect for SqliteDialect {
             let records = if heads.is_empty() {
                 Vec::new()
             } else {
-                let rows = read_runs::<Sqlite>(conn, &source.dialect().columns, &heads).await?;
+                let rows =
+                    read_runs::<Sqlite>(conn, &source.dialect().columns, &heads, true).await?;
                 let runs = decode::runs(&rows)?;
                 dead_lettered += dead_letter(conn, &runs.undecodable, false).await?;
                 // A dead letter leaves a hole in its aggregate's run: the
