@@ -116,6 +116,13 @@ pub trait Dialect: Sized + Send + Sync + 'static {
         None
     }
 
+    /// Whether claims lock and marks find rows by id and creation time
+    /// (on a partitioned outbox the time names the row's partition, where
+    /// an id alone is looked up in every one), rather than by id alone.
+    fn marks_by_creation_time(&self) -> bool {
+        false
+    }
+
     /// How statements name their bind parameters.
     const PLACEHOLDERS: Placeholders = Placeholders::QuestionMarks;
 

@@ -25,13 +25,13 @@ use super::decode;
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect, ShardStatements};
 use super::extra::{self, ExtraSelect};
 use super::runs::{
-    Head, RUN_COLUMNS, RunKey, Settled, exclusion, in_claim_order, oldest_sql, plan, read_heads,
-    read_runs, run_positions,
+    Head, RunKey, Settled, exclusion, in_claim_order, oldest_sql, plan, read_heads, read_runs,
+    run_positions,
 };
 use super::shards::{ShardConfig, ShardStore, Taken, tables};
 use super::{
-    FastSet, IdLists, InFlight, RunRow, SourceError, SourceOptions, SqlSource, Typed,
-    question_marks,
+    FailedRow, FastMap, FastSet, IdLists, InFlight, Marking, RunRow, SourceError, SourceOptions,
+    SqlSource, Typed, question_mark_pairs, question_marks,
 };
 use crate::database::DatabaseUrl;
 use crate::record::OutboxRecord;
@@ -44,6 +44,11 @@ const COLUMNS: &str = "id, aggregatetype, aggregateid, type, CAST(payload AS CHA
        AS age_at_claim, CAST(created_at AS CHAR) AS created_at";
 
 const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
+
+/// A claim's oldest rows and lookups: [`RUN_COLUMNS`](super::runs::RUN_COLUMNS) and the creation
+/// time, exactly as [`COLUMNS`] reads it.
+const RUN_KEY_COLUMNS: &str = "id, aggregatetype, aggregateid, aggregate_seq, seq, \
+     CAST(created_at AS CHAR) AS created_at";
 
 /// The shard of a row: a stable hash of its aggregate.
 const SHARD_OF_ROW: &str = "MOD(CRC32(CONCAT(aggregatetype, '/', aggregateid)), ?)";
@@ -59,13 +64,15 @@ pub struct MySqlDialect {
     extra: ExtraSelect,
     /// Where the aggregates this relay settled continue.
     settled: Arc<Settled>,
+    /// Whether the outbox was partitioned when the relay connected.
+    partitioned: bool,
 }
 
 #[async_trait]
 impl Dialect for MySqlDialect {
     type Db = MySql;
     type Age = u64;
-    type Marking = IdLists<{ usize::MAX }>;
+    type Marking = Self;
     type StatusRows = Typed;
 
     /// A small pool whose sessions use UTC and READ COMMITTED.
@@ -93,18 +100,26 @@ impl Dialect for MySqlDialect {
             .connect(&driver_url)
             .await?;
         let extra = extra::select(&pool, &options.extra, &extra::MYSQL).await?;
+        let partitioned = crate::partitions::mysql::is_partitioned(&pool).await?;
         Ok((
             pool,
             Self {
                 session,
                 extra,
                 settled: Arc::default(),
+                partitioned,
             },
         ))
     }
 
     fn settled(&self) -> Option<&Arc<Settled>> {
         Some(&self.settled)
+    }
+
+    /// On a partitioned outbox. A relay started before a live conversion
+    /// to the partitioned layout goes on by id until it is restarted.
+    fn marks_by_creation_time(&self) -> bool {
+        self.partitioned
     }
 
     async fn shard_store(
@@ -138,16 +153,9 @@ impl Dialect for MySqlDialect {
             }
         };
         let dialect = source.dialect();
-        Ok(claim_runs(
-            conn,
-            &filter,
-            request,
-            lock,
-            &dialect.extra.items,
-            &dialect.settled,
-        )
-        .await?
-        .into())
+        Ok(claim_runs(conn, &filter, request, lock, dialect)
+            .await?
+            .into())
     }
 
     const NOW: &'static str = "UTC_TIMESTAMP(6)";
@@ -191,7 +199,9 @@ impl Dialect for MySqlDialect {
 /// without locking; takes each aggregate's rows there as they are when
 /// [`plan`] proves them its earliest pending ones (nearly always), and
 /// looks up the others' earliest rows in `aggregate_seq` order; then locks
-/// exactly those rows by primary key (`lock` appended to `FOR UPDATE`).
+/// exactly those rows by primary key (`lock` appended to `FOR UPDATE`), on
+/// a partitioned outbox with their creation times, which name their
+/// partitions (see [`Dialect::marks_by_creation_time`]).
 /// InnoDB locks every record a locking scan passes, so a locking scan
 /// filtered by shard would wait on other instances' rows.
 ///
@@ -205,12 +215,11 @@ async fn claim_runs(
     filter: &str,
     request: &ClaimRequest<'_>,
     lock: &str,
-    extra: &str,
-    settled: &Settled,
+    dialect: &MySqlDialect,
 ) -> Result<Vec<OutboxRecord>, SourceError> {
     let oldest = read_heads::<MySql>(
         conn,
-        &oldest_sql(filter),
+        &oldest_sql(RUN_KEY_COLUMNS, filter),
         request.excluded,
         request.shards.as_ref(),
         request.limit,
@@ -222,7 +231,7 @@ async fn claim_runs(
     if oldest.is_empty() {
         return Ok(Vec::new());
     }
-    let plan = plan(&oldest, &InFlight::default(), settled);
+    let plan = plan(&oldest, &InFlight::default(), &dialect.settled);
     let taken: FastSet<i64> = plan.rows.iter().copied().collect();
     let mut runs: Vec<RunKey> = oldest
         .into_iter()
@@ -239,14 +248,18 @@ async fn claim_runs(
                 first_seq: plan.first_seq[&lookup.key],
             })
             .collect();
-        for row in read_runs::<MySql>(conn, RUN_COLUMNS, &lookups, false).await? {
+        for row in read_runs::<MySql>(conn, RUN_KEY_COLUMNS, &lookups, false).await? {
             runs.push(RunKey::from_row(&row)?);
         }
     }
-    let positions = run_positions(runs);
-    if positions.is_empty() {
+    if runs.is_empty() {
         return Ok(Vec::new());
     }
+    let created_at: Vec<(String, String)> = runs
+        .iter()
+        .map(|row| (row.id.clone(), row.created_at.clone().unwrap_or_default()))
+        .collect();
+    let positions = run_positions(runs);
     let heads: Vec<Head> = plan
         .first_seq
         .iter()
@@ -258,13 +271,25 @@ async fn claim_runs(
         })
         .collect();
 
-    let lock_sql = format!(
-        "SELECT {COLUMNS}{extra} FROM outbox WHERE id IN ({}) AND {PENDING} FOR UPDATE{lock}",
-        question_marks(positions.len())
-    );
+    let extra = &dialect.extra.items;
+    let lock_sql = if dialect.partitioned {
+        format!(
+            "SELECT {COLUMNS}{extra} FROM outbox WHERE (id, created_at) IN ({}) \
+             AND {PENDING} FOR UPDATE{lock}",
+            question_mark_pairs(created_at.len())
+        )
+    } else {
+        format!(
+            "SELECT {COLUMNS}{extra} FROM outbox WHERE id IN ({}) AND {PENDING} FOR UPDATE{lock}",
+            question_marks(created_at.len())
+        )
+    };
     let mut query = sqlx::query(AssertSqlSafe(lock_sql));
-    for id in positions.keys() {
+    for (id, created_at) in &created_at {
         query = query.bind(id);
+        if dialect.partitioned {
+            query = query.bind(created_at);
+        }
     }
     let locked = query.fetch_all(&mut *conn).await?;
     // A row that cannot be read is dead-lettered in this transaction and
@@ -281,6 +306,60 @@ async fn claim_runs(
         })
         .collect();
     Ok(in_claim_order(&heads, rows))
+}
+
+/// On a partitioned outbox by id and creation time, as its claims lock
+/// (see [`Dialect::marks_by_creation_time`]), on a plain one by id (its
+/// primary key); failures, which are rare, by id.
+#[async_trait]
+impl Marking<MySqlDialect> for MySqlDialect {
+    async fn mark_published(
+        conn: &mut MySqlConnection,
+        ids: &[String],
+        records: &[OutboxRecord],
+        by_time: bool,
+        delete: bool,
+    ) -> Result<(), SourceError> {
+        let created_at: FastMap<&str, &str> = records
+            .iter()
+            .filter(|_| by_time)
+            .filter_map(|record| Some((record.id.as_str(), record.created_at.as_deref()?)))
+            .collect();
+        let (timed, untimed): (Vec<&String>, Vec<&String>) = ids
+            .iter()
+            .partition(|id| created_at.contains_key(id.as_str()));
+        if !timed.is_empty() {
+            let action = if delete {
+                "DELETE FROM outbox"
+            } else {
+                "UPDATE outbox SET published_at = UTC_TIMESTAMP(6)"
+            };
+            let sql = format!(
+                "{action} WHERE (id, created_at) IN ({})",
+                question_mark_pairs(timed.len())
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for id in timed {
+                query = query.bind(id.as_str()).bind(created_at[id.as_str()]);
+            }
+            query.execute(&mut *conn).await?;
+        }
+        if !untimed.is_empty() {
+            let untimed: Vec<String> = untimed.into_iter().cloned().collect();
+            <IdLists<{ usize::MAX }> as Marking<Self>>::mark_published(
+                conn, &untimed, records, false, delete,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn record_failures(
+        conn: &mut MySqlConnection,
+        failed: &[FailedRow],
+    ) -> Result<(), SourceError> {
+        <IdLists<{ usize::MAX }> as Marking<Self>>::record_failures(conn, failed).await
+    }
 }
 
 /// How claims and `status` read shard ownership, unlocked. At a claim, so

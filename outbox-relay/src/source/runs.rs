@@ -99,10 +99,10 @@ pub(crate) struct Head {
 
 /// With `?` placeholders: the oldest `?` (the last parameter) pending rows
 /// that pass `filter` (a condition starting with ` AND `, its parameters
-/// first), as [`RUN_COLUMNS`], in `seq` order.
-pub(crate) fn oldest_sql(filter: &str) -> String {
+/// first), as `columns` (at least [`RUN_COLUMNS`]), in `seq` order.
+pub(crate) fn oldest_sql(columns: &str, filter: &str) -> String {
     format!(
-        "SELECT {RUN_COLUMNS} FROM outbox \
+        "SELECT {columns} FROM outbox \
          WHERE published_at IS NULL AND dead_lettered_at IS NULL{filter} \
          ORDER BY seq LIMIT ?"
     )
@@ -113,7 +113,7 @@ pub(crate) fn head_sql(filter: &str) -> String {
     format!(
         "SELECT aggregatetype, aggregateid, COUNT(*) AS n, MIN(seq) AS first_seq FROM ({}) AS oldest \
          GROUP BY aggregatetype, aggregateid",
-        oldest_sql(filter)
+        oldest_sql(RUN_COLUMNS, filter)
     )
 }
 
@@ -167,6 +167,9 @@ pub(crate) struct RunKey {
     pub aggregateid: String,
     pub aggregate_seq: Option<i64>,
     pub seq: i64,
+    /// `created_at` as text, where read.
+    #[sqlx(default)]
+    pub created_at: Option<String>,
 }
 
 /// Each row's place in its aggregate's run, by id: 1, 2, ... per aggregate
@@ -646,6 +649,7 @@ mod tests {
             aggregateid: aggregate.to_owned(),
             aggregate_seq,
             seq,
+            created_at: None,
         };
         let positions = run_positions(vec![
             row("a3", "a", Some(3), 2),

@@ -25,6 +25,8 @@ pub(crate) struct SqlClaim<D: Dialect> {
     /// See [`super::InFlight::held`].
     pub held: Vec<super::AggregateKey>,
     pub delete_on_publish: bool,
+    /// See [`Dialect::marks_by_creation_time`].
+    pub mark_by_time: bool,
     pub fencing: Option<Fencing>,
     /// Told where each aggregate continues once the settle committed.
     pub settled: Option<Arc<Settled>>,
@@ -67,6 +69,7 @@ impl<D: SharedStatements> Claim for SqlClaim<D> {
                 &mut txn,
                 &settlement.published,
                 &this.records,
+                this.mark_by_time,
                 this.delete_on_publish,
             )
             .await?;
@@ -105,11 +108,13 @@ fn settled_rows(settled: &Settled, records: &[OutboxRecord], settlement: &Settle
 pub trait Marking<D: Dialect> {
     /// Marks the rows `ids` published, or deletes them with `delete`;
     /// `records` are the claim's rows (what the dialect may need beyond
-    /// the ids).
+    /// the ids), `by_time` the dialect's
+    /// [`Dialect::marks_by_creation_time`].
     async fn mark_published(
         conn: &mut Connection<D>,
         ids: &[String],
         records: &[OutboxRecord],
+        by_time: bool,
         delete: bool,
     ) -> Result<(), SourceError>;
 
@@ -137,6 +142,7 @@ where
         conn: &mut Connection<D>,
         ids: &[String],
         _records: &[OutboxRecord],
+        _by_time: bool,
         delete: bool,
     ) -> Result<(), SourceError> {
         let action = if delete {

@@ -177,6 +177,7 @@ impl<D: SharedStatements> SqlSource<D> {
             records: claimed.records,
             held: claimed.held,
             delete_on_publish: self.delete_on_publish,
+            mark_by_time: self.dialect.marks_by_creation_time(),
             fencing: self.sharding.as_ref().map(|sharding| Fencing {
                 instance: sharding.config.instance.clone(),
                 at_mark: sharding.statements.at_mark,

@@ -185,6 +185,12 @@ impl Dialect for PgDialect {
         Some(&self.settled)
     }
 
+    /// On a partitioned outbox; the marks go by each claimed row's
+    /// creation time wherever the claim read it.
+    fn marks_by_creation_time(&self) -> bool {
+        self.partitioned
+    }
+
     const PLACEHOLDERS: Placeholders = Placeholders::Numbered;
 
     const NOW: &'static str = "now()";
@@ -235,6 +241,7 @@ impl Marking<PgDialect> for PgDialect {
         conn: &mut PgConnection,
         ids: &[String],
         records: &[OutboxRecord],
+        _by_time: bool,
         delete: bool,
     ) -> Result<(), SourceError> {
         let created_at: FastMap<&str, &str> = records
