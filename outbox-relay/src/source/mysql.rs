@@ -25,7 +25,7 @@ use super::decode;
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect, ShardStatements};
 use super::extra::{self, ExtraSelect};
 use super::runs::{
-    Head, RunKey, Settled, exclusion, in_claim_order, oldest_sql, plan, read_heads, read_runs,
+    Head, RunKey, Settled, by_first_seq, exclusion, oldest_sql, plan, read_heads, read_runs,
     run_positions,
 };
 use super::shards::{ShardConfig, ShardStore, Taken, tables};
@@ -135,7 +135,7 @@ impl Dialect for MySqlDialect {
 
     /// With shards, rows a previous owner still holds are waited for;
     /// without, rows another claim holds are skipped (`SKIP LOCKED`) and a
-    /// run that loses a row that way is cut there by `in_claim_order`.
+    /// run that loses a row that way is cut there by `runs::unbroken_runs`.
     async fn claim(
         source: &MySqlSource,
         conn: &mut MySqlConnection,
@@ -260,30 +260,17 @@ async fn claim_runs(
         .map(|row| (row.id.clone(), row.created_at.clone().unwrap_or_default()))
         .collect();
     let positions = run_positions(runs);
-    let heads: Vec<Head> = plan
-        .first_seq
-        .iter()
-        .map(|(key, first_seq)| Head {
-            aggregatetype: key.aggregate_type.clone(),
-            aggregateid: key.aggregate_id.clone(),
-            n: 0,
-            first_seq: *first_seq,
-        })
-        .collect();
 
     let extra = &dialect.extra.items;
-    let lock_sql = if dialect.partitioned {
-        format!(
-            "SELECT {COLUMNS}{extra} FROM outbox WHERE (id, created_at) IN ({}) \
-             AND {PENDING} FOR UPDATE{lock}",
-            question_mark_pairs(created_at.len())
-        )
+    let (key, placeholders) = if dialect.partitioned {
+        ("(id, created_at)", question_mark_pairs(created_at.len()))
     } else {
-        format!(
-            "SELECT {COLUMNS}{extra} FROM outbox WHERE id IN ({}) AND {PENDING} FOR UPDATE{lock}",
-            question_marks(created_at.len())
-        )
+        ("id", question_marks(created_at.len()))
     };
+    let lock_sql = format!(
+        "SELECT {COLUMNS}{extra} FROM outbox WHERE {key} IN ({placeholders}) \
+         AND {PENDING} FOR UPDATE{lock}"
+    );
     let mut query = sqlx::query(AssertSqlSafe(lock_sql));
     for (id, created_at) in &created_at {
         query = query.bind(id);
@@ -305,7 +292,12 @@ async fn claim_runs(
             record,
         })
         .collect();
-    Ok(in_claim_order(&heads, rows))
+    let first_seq: FastMap<(&str, &str), i64> = plan
+        .first_seq
+        .iter()
+        .map(|(key, first_seq)| (key.as_pair(), *first_seq))
+        .collect();
+    Ok(by_first_seq(&first_seq, rows))
 }
 
 /// On a partitioned outbox by id and creation time, as its claims lock
@@ -320,9 +312,14 @@ impl Marking<MySqlDialect> for MySqlDialect {
         by_time: bool,
         delete: bool,
     ) -> Result<(), SourceError> {
+        if !by_time {
+            return <IdLists<{ usize::MAX }> as Marking<Self>>::mark_published(
+                conn, ids, records, false, delete,
+            )
+            .await;
+        }
         let created_at: FastMap<&str, &str> = records
             .iter()
-            .filter(|_| by_time)
             .filter_map(|record| Some((record.id.as_str(), record.created_at.as_deref()?)))
             .collect();
         let (timed, untimed): (Vec<&String>, Vec<&String>) = ids

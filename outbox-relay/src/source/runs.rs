@@ -306,7 +306,7 @@ where
 /// Puts `rows` in claim order: aggregate by aggregate in the order of their
 /// oldest rows (`heads`), each by `run_position`; then keeps the unbroken
 /// runs.
-pub(crate) fn in_claim_order(heads: &[Head], mut rows: Vec<RunRow>) -> Vec<OutboxRecord> {
+pub(crate) fn in_claim_order(heads: &[Head], rows: Vec<RunRow>) -> Vec<OutboxRecord> {
     let first_seq: HashMap<(&str, &str), i64> = heads
         .iter()
         .map(|head| {
@@ -316,6 +316,15 @@ pub(crate) fn in_claim_order(heads: &[Head], mut rows: Vec<RunRow>) -> Vec<Outbo
             )
         })
         .collect();
+    by_first_seq(&first_seq, rows)
+}
+
+/// [`in_claim_order`] with each aggregate's oldest `seq` given by
+/// aggregate (a [`Plan`]'s `first_seq`).
+pub(crate) fn by_first_seq(
+    first_seq: &HashMap<(&str, &str), i64>,
+    mut rows: Vec<RunRow>,
+) -> Vec<OutboxRecord> {
     let rank = |row: &RunRow| {
         let key = (
             row.record.aggregate_type.as_str(),
