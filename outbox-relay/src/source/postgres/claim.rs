@@ -34,9 +34,15 @@ pub(super) async fn begin(
     // meanwhile a claim waits here, before it locks anything of the
     // outbox, and a claim ahead yields, so that the claim it would follow
     // can settle. One round trip either way.
+    //
+    // No sort in the claim's statements: the pending and aggregate indexes
+    // give every order they need, and without statistics (a table never
+    // analyzed, or one that grew since its plan was made) the planner may
+    // otherwise scan every pending row and sort it, once per claim or once
+    // per aggregate looked up.
     const SETTINGS: &str = "SELECT set_config('idle_in_transaction_session_timeout', \
            coalesce($1, current_setting('idle_in_transaction_session_timeout')), true), \
-         set_config('lock_timeout', '5s', true)";
+         set_config('lock_timeout', '5s', true), set_config('enable_sort', 'off', true)";
     let key = crate::partitions::drop_lock_key(2);
     if ahead {
         let sql = format!("{SETTINGS}, pg_try_advisory_xact_lock_shared({key}) AS locked");
@@ -247,15 +253,8 @@ async fn look_up(
     lookups: &[Lookup],
     read_: &Read,
 ) -> Result<Vec<PgRow>, SourceError> {
-    // Without statistics (a table never analyzed) both pending indexes
-    // look nearly empty, and the planner may scan every pending row by
-    // `seq` and sort them, once per aggregate: no sort for this
-    // statement, the aggregate index gives the order.
-    let (sort,): (String,) = sqlx::query_as(
-        "SELECT current_setting('enable_sort'), set_config('enable_sort', 'off', true)",
-    )
-    .fetch_one(&mut *conn)
-    .await?;
+    // The claim's transaction plans no sort (see `begin`): the aggregate
+    // index gives the order.
     let rows = sqlx::query(AssertSqlSafe(lookup_sql(read_)))
         .bind(
             lookups
@@ -278,10 +277,6 @@ async fn look_up(
         )
         .bind(lookups.iter().map(|l| l.after.seq).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
-        .await?;
-    sqlx::query("SELECT set_config('enable_sort', $1, true)")
-        .bind(sort)
-        .execute(&mut *conn)
         .await?;
     Ok(rows)
 }
