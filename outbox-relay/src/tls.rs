@@ -294,8 +294,8 @@ fn rustls_reason(
     }
 }
 
-/// The host part of `url`, for messages.
-fn host_of(url: &str) -> String {
+/// The host part of `url`, for messages (`?` when it has none).
+pub(crate) fn host_of(url: &str) -> String {
     url::Url::parse(url)
         .ok()
         .and_then(|parsed| parsed.host_str().map(str::to_owned))

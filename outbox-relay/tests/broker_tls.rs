@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use lapin::types::FieldTable;
 use outbox_tests::nats::{PrivateServer as NatsServer, Scope, Stored, Witness};
-use outbox_tests::process::{RelayProcess, run_to_end};
+use outbox_tests::process::{RelayProcess, assert_refused};
 use outbox_tests::rabbitmq::{Broker, PrivateServer as RabbitServer, unique};
 use outbox_tests::stream::{first_arrivals, written_order};
 use outbox_tests::tls::SERVER_CERT;
@@ -55,22 +55,9 @@ async fn wait_published(t: &TestDb, relay: &mut RelayProcess) {
 /// 1 and one line (besides INFO and WARN logs) starting with `start` and
 /// holding `reason`; the URL's password shown nowhere.
 fn refused_in_one_line(t: &TestDb, args: &[&str], start: &str, reason: &str) {
-    let (code, stdout, stderr) = run_to_end(relay(), args, &[("DATABASE_URL", &t.url)]);
-    assert_eq!(code, 1, "{args:?}: {stderr}");
-    let lines: Vec<&str> = stderr
-        .lines()
-        .filter(|line| !line.contains(" INFO ") && !line.contains(" WARN "))
-        .collect();
-    assert_eq!(lines.len(), 1, "{args:?}: one line: {stderr}");
-    assert!(
-        lines[0].starts_with(start) && lines[0].contains(reason),
-        "{args:?}: {}",
-        lines[0]
-    );
-    assert!(
-        !stderr.contains("guest:guest") && !stdout.contains("guest:guest"),
-        "the password is never shown: {stderr}"
-    );
+    let env = [("DATABASE_URL", t.url.as_str())];
+    let line = assert_refused(relay(), args, &env, 1, start, "guest:guest");
+    assert!(line.contains(reason), "{args:?}: {line}");
 }
 
 /// The relay's own connection name on a broker.

@@ -217,7 +217,8 @@ async fn cdc_messages_take_id_key_and_payload_from_the_named_columns() {
     let (mut relay, slot) = t.start_cdc_relay(relay(), &args).await;
     let rows = insert_rows(&t).await;
     let received = consume(&brokers, &topic, rows.len());
-    relay.terminate();
+    let log = relay.terminate();
+    assert_eq!(received.len(), rows.len(), "{received:?}\nrelay:\n{log}");
     check(&received, &rows);
     t.drop_slot(&slot).await;
     t.drop().await;

@@ -158,7 +158,7 @@ pub fn run_to_end(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, S
 /// Runs the binary to completion and expects it to refuse: exit code
 /// `code`, one line on standard error besides INFO and WARN logs, starting
 /// with `start`, and `secret` (a password in the arguments) written
-/// nowhere.
+/// nowhere. Returns that line.
 pub fn assert_refused(
     binary: &Path,
     args: &[&str],
@@ -166,7 +166,7 @@ pub fn assert_refused(
     code: i32,
     start: &str,
     secret: &str,
-) {
+) -> String {
     let (exit, stdout, stderr) = run_to_end(binary, args, env);
     let lines: Vec<&str> = stderr
         .lines()
@@ -179,4 +179,5 @@ pub fn assert_refused(
         !stderr.contains(secret) && !stdout.contains(secret),
         "{args:?}: the password is never shown: {stderr}"
     );
+    lines[0].to_owned()
 }

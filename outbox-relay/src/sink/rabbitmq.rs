@@ -276,11 +276,8 @@ fn tls_config(files: &CertificateFiles) -> Result<OwnedTLSConfig, String> {
 /// Why connecting failed: a failed TLS handshake named for the operator,
 /// else the client's own words.
 fn connect_reason(error: &lapin::Error, url: &str, files: &CertificateFiles) -> String {
-    let host = url::Url::parse(url)
-        .ok()
-        .and_then(|parsed| parsed.host_str().map(str::to_owned))
-        .unwrap_or_default();
-    tls::handshake_reason(error, &host, files, &TLS_OPTIONS).unwrap_or_else(|| one_line(error))
+    tls::handshake_reason(error, &tls::host_of(url), files, &TLS_OPTIONS)
+        .unwrap_or_else(|| one_line(error))
 }
 
 /// Opens a connection and a confirm-mode channel, and declares the exchange.
