@@ -264,6 +264,7 @@ mod tests {
             attempts: 0,
             age_at_claim: 0.0,
             created_at: None,
+            partition: None,
             extra: Vec::new(),
         }
     }

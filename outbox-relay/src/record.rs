@@ -36,6 +36,11 @@ pub struct OutboxRecord {
     /// MariaDB/MySQL and SQLite claims, CDC mode and replay always.
     #[sqlx(default)]
     pub created_at: Option<String>,
+    /// The partition holding the row (its name as SQL reads it): read by
+    /// the PostgreSQL claim on a partitioned outbox, whose marks then go
+    /// to that partition alone; `None` elsewhere.
+    #[sqlx(default)]
+    pub partition: Option<String>,
     /// The extra columns asked for (see [`crate::source::extra`]), as
     /// JSON text, `None` for NULL.
     #[sqlx(skip)]
@@ -59,6 +64,7 @@ pub(crate) fn test_record(id: &str, aggregate: &str, attempts: i32) -> OutboxRec
         attempts,
         age_at_claim: 0.0,
         created_at: None,
+        partition: None,
         extra: Vec::new(),
     }
 }

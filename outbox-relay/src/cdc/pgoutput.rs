@@ -161,6 +161,7 @@ fn record(
         attempts: 0,
         age_at_claim: 0.0,
         created_at: take(column::CREATED_AT),
+        partition: None,
         extra,
     })
 }

@@ -176,6 +176,7 @@ struct RecordColumns {
     attempts: Place<'static>,
     age_at_claim: Place<'static>,
     created_at: Place<'static>,
+    partition: Place<'static>,
     /// `extra_0`, `extra_1`, ... as far as the rows have them.
     extra: Vec<Place<'static>>,
 }
@@ -196,6 +197,7 @@ impl RecordColumns {
             attempts: place(column::ATTEMPTS),
             age_at_claim: place("age_at_claim"),
             created_at: place(column::CREATED_AT),
+            partition: place("partition"),
             extra: super::extra::NAMES
                 .iter()
                 .map(|name| place(name))
@@ -235,6 +237,10 @@ where
         // is an unknown time, never a reason to park the row.
         created_at: match columns.created_at.index {
             Some(_) => optional(row, columns.created_at).ok().flatten(),
+            None => None,
+        },
+        partition: match columns.partition.index {
+            Some(_) => optional(row, columns.partition)?,
             None => None,
         },
         extra: columns

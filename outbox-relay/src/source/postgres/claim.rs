@@ -156,6 +156,10 @@ pub(crate) struct Read {
     /// and for CloudEvents' `time`; NULL otherwise, since a plain outbox's
     /// marks go by id alone (see [`OutboxRecord::created_at`]).
     pub created_at: bool,
+    /// Each row's partition (`tableoid`): read on a partitioned outbox,
+    /// whose marks then update each partition on its own (one through the
+    /// partitioned table opens every partition); NULL otherwise.
+    pub partition: bool,
     /// The extra columns (see [`crate::source::extra`]).
     pub extra: ExtraSelect,
 }
@@ -168,7 +172,12 @@ impl Read {
         } else {
             "NULL::text AS created_at"
         };
-        format!("{created_at}{}", self.extra.items)
+        let partition = if self.partition {
+            "tableoid::regclass::text AS partition"
+        } else {
+            "NULL::text AS partition"
+        };
+        format!("{created_at}, {partition}{}", self.extra.items)
     }
 }
 
@@ -182,7 +191,7 @@ fn pending(table: &str) -> String {
 fn as_read(claimed: &str, read_: &Read) -> String {
     format!(
         "SELECT id::text AS id, aggregatetype, aggregateid, type, payload, event_version, \
-           aggregate_seq, traceparent, seq, attempts, age_at_claim, created_at{} \
+           aggregate_seq, traceparent, seq, attempts, age_at_claim, created_at, partition{} \
          FROM ({claimed}) AS claimed",
         read_.extra.names
     )

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
-use sqlx::{Connection, Postgres};
+use sqlx::{AssertSqlSafe, Connection, Postgres};
 use tokio::sync::Mutex;
 
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect, Placeholders, ShardStatements};
@@ -80,7 +80,11 @@ impl PostgresSource {
             &untimed
         };
         let mut conn = self.pool().acquire().await?;
-        mark_rows(&mut conn, ids, created_at, self.delete_on_publish()).await
+        let places = Places {
+            created_at,
+            partition: &FastMap::default(),
+        };
+        mark_rows(&mut conn, ids, &places, self.delete_on_publish()).await
     }
 }
 
@@ -136,6 +140,7 @@ impl Dialect for PgDialect {
             partitioned,
             read: claim::Read {
                 created_at: partitioned || options.creation_times,
+                partition: partitioned,
                 extra,
             },
         };
@@ -235,8 +240,9 @@ impl Dialect for PgDialect {
 /// unanalyzed, scan the table and cast per row.
 #[async_trait]
 impl Marking<PgDialect> for PgDialect {
-    /// Each row by its id and creation time: on a partitioned outbox the
-    /// time names the partition (an id alone is looked up in every one).
+    /// Each row by its id and creation time, in its partition where the
+    /// claim read it: on a partitioned outbox the time names the partition
+    /// (an id alone is looked up in every one).
     async fn mark_published(
         conn: &mut PgConnection,
         ids: &[String],
@@ -248,7 +254,15 @@ impl Marking<PgDialect> for PgDialect {
             .iter()
             .filter_map(|record| Some((record.id.as_str(), record.created_at.as_deref()?)))
             .collect();
-        mark_rows(conn, ids, &created_at, delete).await
+        let partition: FastMap<&str, &str> = records
+            .iter()
+            .filter_map(|record| Some((record.id.as_str(), record.partition.as_deref()?)))
+            .collect();
+        let places = Places {
+            created_at: &created_at,
+            partition: &partition,
+        };
+        mark_rows(conn, ids, &places, delete).await
     }
 
     async fn record_failures(
@@ -273,30 +287,63 @@ impl Marking<PgDialect> for PgDialect {
     }
 }
 
+/// Where the rows to mark are, by id, as far as known.
+struct Places<'a> {
+    /// Each row's creation time as PostgreSQL wrote it.
+    created_at: &'a FastMap<&'a str, &'a str>,
+    /// Each row's partition, as the claim read it (`tableoid`).
+    partition: &'a FastMap<&'a str, &'a str>,
+}
+
 /// Marks the rows `ids` published, or deletes them with `delete`: those
-/// whose creation time `created_at` knows by their id and that time (on a
+/// whose creation time `places` knows by their id and that time (on a
 /// partitioned outbox the time names the partition, while an id alone is
-/// looked up in every one), the others by id.
+/// looked up in every one), in their own partition where known, the others
+/// by id. A row the claim locked stays in the partition the claim read
+/// until the claim's transaction, which marks, ends: moving the row (from
+/// the default partition into a new day's) or detaching or dropping its
+/// partition waits for the claim's locks.
 async fn mark_rows(
     conn: &mut PgConnection,
     ids: &[String],
-    created_at: &FastMap<&str, &str>,
+    places: &Places<'_>,
     delete: bool,
 ) -> Result<(), SourceError> {
-    let (timed, untimed): (Vec<&String>, Vec<&String>) = ids
-        .iter()
-        .partition(|id| created_at.contains_key(id.as_str()));
-    if !timed.is_empty() {
+    let mut tables: Vec<(&str, Vec<&String>)> = Vec::new();
+    let mut untimed = Vec::new();
+    for id in ids {
+        if !places.created_at.contains_key(id.as_str()) {
+            untimed.push(id);
+            continue;
+        }
+        let table = places
+            .partition
+            .get(id.as_str())
+            .copied()
+            .unwrap_or("outbox");
+        match tables.iter_mut().find(|(name, _)| *name == table) {
+            Some((_, timed)) => timed.push(id),
+            None => tables.push((table, vec![id])),
+        }
+    }
+    for (table, timed) in tables {
         let sql = if delete {
-            "DELETE FROM outbox AS o USING unnest($1::uuid[], $2::timestamptz[]) \
-             AS p(id, created_at) WHERE o.id = p.id AND o.created_at = p.created_at"
+            format!(
+                "DELETE FROM {table} AS o USING unnest($1::uuid[], $2::timestamptz[]) \
+                 AS p(id, created_at) WHERE o.id = p.id AND o.created_at = p.created_at"
+            )
         } else {
-            "UPDATE outbox AS o SET published_at = now() \
-             FROM unnest($1::uuid[], $2::timestamptz[]) AS p(id, created_at) \
-             WHERE o.id = p.id AND o.created_at = p.created_at"
+            format!(
+                "UPDATE {table} AS o SET published_at = now() \
+                 FROM unnest($1::uuid[], $2::timestamptz[]) AS p(id, created_at) \
+                 WHERE o.id = p.id AND o.created_at = p.created_at"
+            )
         };
-        let times: Vec<&str> = timed.iter().map(|id| created_at[id.as_str()]).collect();
-        sqlx::query(sql)
+        let times: Vec<&str> = timed
+            .iter()
+            .map(|id| places.created_at[id.as_str()])
+            .collect();
+        sqlx::query(AssertSqlSafe(sql))
             .bind(uuids(timed.into_iter())?)
             .bind(times)
             .execute(&mut *conn)
