@@ -31,14 +31,13 @@ pub struct OutboxRecord {
     /// commit-to-acknowledgement latency.
     pub age_at_claim: f64,
     /// `created_at` as the database writes it (its text form): read by
-    /// the PostgreSQL claim on a partitioned outbox, so that marking finds
-    /// the row in its partition, and for CloudEvents' `time`; by the
-    /// MariaDB/MySQL and SQLite claims, CDC mode and replay always.
+    /// the PostgreSQL claim for CloudEvents' `time`; by the MariaDB/MySQL
+    /// and SQLite claims, CDC mode and replay always.
     #[sqlx(default)]
     pub created_at: Option<String>,
     /// The partition holding the row (its name as SQL reads it): read by
     /// the PostgreSQL claim on a partitioned outbox, whose marks then go
-    /// to that partition alone; `None` elsewhere.
+    /// to that partition alone, by id and `seq`; `None` elsewhere.
     #[sqlx(default)]
     pub partition: Option<String>,
     /// The extra columns asked for (see [`crate::source::extra`]), as

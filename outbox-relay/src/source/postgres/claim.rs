@@ -151,14 +151,13 @@ const CLAIMED_COLUMNS: &str = "id, aggregatetype, aggregateid, type, \
 /// What a claim reads beyond the fixed columns.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Read {
-    /// Each row's creation time as PostgreSQL writes it: read on a
-    /// partitioned outbox, whose marks find each row's partition by it,
-    /// and for CloudEvents' `time`; NULL otherwise, since a plain outbox's
-    /// marks go by id alone (see [`OutboxRecord::created_at`]).
+    /// Each row's creation time as PostgreSQL writes it, for CloudEvents'
+    /// `time`; NULL otherwise (see [`OutboxRecord::created_at`]).
     pub created_at: bool,
     /// Each row's partition (`tableoid`): read on a partitioned outbox,
-    /// whose marks then update each partition on its own (one through the
-    /// partitioned table opens every partition); NULL otherwise.
+    /// whose marks then update each partition on its own, by id and `seq`
+    /// (one through the partitioned table opens every partition); NULL
+    /// otherwise.
     pub partition: bool,
     /// The extra columns (see [`crate::source::extra`]).
     pub extra: ExtraSelect,

@@ -52,11 +52,12 @@ pub struct PgDialect {
     /// Where the aggregates this relay settled continue.
     settled: Arc<Settled>,
     /// Whether the outbox was partitioned when the relay connected: then
-    /// claims read each row's creation time and marks find the row's
-    /// partition by it.
+    /// claims read each row's partition and marks go there, and rows
+    /// published outside a claim (CDC mode) are marked by id and creation
+    /// time.
     partitioned: bool,
-    /// What claims read beyond the fixed columns: each row's creation time
-    /// (on a partitioned outbox, or when asked, see
+    /// What claims read beyond the fixed columns: each row's partition (on
+    /// a partitioned outbox), its creation time (when asked, see
     /// [`SourceOptions::creation_times`]) and the extra columns.
     read: claim::Read,
 }
@@ -79,11 +80,11 @@ impl PostgresSource {
         } else {
             &untimed
         };
+        let places: FastMap<&str, Place<'_>> = created_at
+            .iter()
+            .map(|(id, created_at)| (*id, Place::CreatedAt(created_at)))
+            .collect();
         let mut conn = self.pool().acquire().await?;
-        let places = Places {
-            created_at,
-            partition: &FastMap::default(),
-        };
         mark_rows(&mut conn, ids, &places, self.delete_on_publish()).await
     }
 }
@@ -139,7 +140,7 @@ impl Dialect for PgDialect {
             settled: Arc::default(),
             partitioned,
             read: claim::Read {
-                created_at: partitioned || options.creation_times,
+                created_at: options.creation_times,
                 partition: partitioned,
                 extra,
             },
@@ -190,12 +191,6 @@ impl Dialect for PgDialect {
         Some(&self.settled)
     }
 
-    /// On a partitioned outbox; the marks go by each claimed row's
-    /// creation time wherever the claim read it.
-    fn marks_by_creation_time(&self) -> bool {
-        self.partitioned
-    }
-
     const PLACEHOLDERS: Placeholders = Placeholders::Numbered;
 
     const NOW: &'static str = "now()";
@@ -240,9 +235,9 @@ impl Dialect for PgDialect {
 /// unanalyzed, scan the table and cast per row.
 #[async_trait]
 impl Marking<PgDialect> for PgDialect {
-    /// Each row by its id and creation time, in its partition where the
-    /// claim read it: on a partitioned outbox the time names the partition
-    /// (an id alone is looked up in every one).
+    /// Each row in its partition where the claim read it (a partitioned
+    /// outbox), by its id and `seq`: through the partitioned table an id
+    /// alone is looked up in every partition.
     async fn mark_published(
         conn: &mut PgConnection,
         ids: &[String],
@@ -250,18 +245,16 @@ impl Marking<PgDialect> for PgDialect {
         _by_time: bool,
         delete: bool,
     ) -> Result<(), SourceError> {
-        let created_at: FastMap<&str, &str> = records
+        let places: FastMap<&str, Place<'_>> = records
             .iter()
-            .filter_map(|record| Some((record.id.as_str(), record.created_at.as_deref()?)))
+            .filter_map(|record| {
+                let place = Place::Partition {
+                    name: record.partition.as_deref()?,
+                    seq: record.seq,
+                };
+                Some((record.id.as_str(), place))
+            })
             .collect();
-        let partition: FastMap<&str, &str> = records
-            .iter()
-            .filter_map(|record| Some((record.id.as_str(), record.partition.as_deref()?)))
-            .collect();
-        let places = Places {
-            created_at: &created_at,
-            partition: &partition,
-        };
         mark_rows(conn, ids, &places, delete).await
     }
 
@@ -287,65 +280,87 @@ impl Marking<PgDialect> for PgDialect {
     }
 }
 
-/// Where the rows to mark are, by id, as far as known.
-struct Places<'a> {
-    /// Each row's creation time as PostgreSQL wrote it.
-    created_at: &'a FastMap<&'a str, &'a str>,
-    /// Each row's partition, as the claim read it (`tableoid`).
-    partition: &'a FastMap<&'a str, &'a str>,
+/// Where a row to mark is, as far as known beyond its id.
+#[derive(Debug, Clone, Copy)]
+enum Place<'a> {
+    /// In the partition `name` (as the claim read it, `tableoid`), with
+    /// this `seq`: marked there alone, by its id and `seq`. The partition's
+    /// primary key `(id, created_at)` finds the id, and `seq`, which the
+    /// table numbers, tells apart rows that share an id in one partition.
+    Partition { name: &'a str, seq: i64 },
+    /// Created at this time, as PostgreSQL wrote it (CDC mode reads it
+    /// from the write-ahead log): marked through the partitioned table by
+    /// id and time, which names the partition.
+    CreatedAt(&'a str),
 }
 
 /// Marks the rows `ids` published, or deletes them with `delete`: those
-/// whose creation time `places` knows by their id and that time (on a
+/// whose partition `places` knows in that partition alone, by id and
+/// `seq`; those whose creation time it knows by id and time (on a
 /// partitioned outbox the time names the partition, while an id alone is
-/// looked up in every one), in their own partition where known, the others
-/// by id. A row the claim locked stays in the partition the claim read
-/// until the claim's transaction, which marks, ends: moving the row (from
-/// the default partition into a new day's) or detaching or dropping its
-/// partition waits for the claim's locks.
+/// looked up in every one); the others by id. A row the claim locked stays
+/// in the partition the claim read until the claim's transaction, which
+/// marks, ends: moving the row (from the default partition into a new
+/// day's) or detaching or dropping its partition waits for the claim's
+/// locks.
 async fn mark_rows(
     conn: &mut PgConnection,
     ids: &[String],
-    places: &Places<'_>,
+    places: &FastMap<&str, Place<'_>>,
     delete: bool,
 ) -> Result<(), SourceError> {
-    let mut tables: Vec<(&str, Vec<&String>)> = Vec::new();
+    let mut partitions: Vec<(&str, Vec<&String>, Vec<i64>)> = Vec::new();
+    let mut timed: (Vec<&String>, Vec<&str>) = Default::default();
     let mut untimed = Vec::new();
     for id in ids {
-        if !places.created_at.contains_key(id.as_str()) {
-            untimed.push(id);
-            continue;
-        }
-        let table = places
-            .partition
-            .get(id.as_str())
-            .copied()
-            .unwrap_or("outbox");
-        match tables.iter_mut().find(|(name, _)| *name == table) {
-            Some((_, timed)) => timed.push(id),
-            None => tables.push((table, vec![id])),
+        match places.get(id.as_str()) {
+            Some(Place::Partition { name, seq }) => {
+                match partitions.iter_mut().find(|(table, ..)| table == name) {
+                    Some((_, ids, seqs)) => {
+                        ids.push(id);
+                        seqs.push(*seq);
+                    }
+                    None => partitions.push((name, vec![id], vec![*seq])),
+                }
+            }
+            Some(Place::CreatedAt(created_at)) => {
+                timed.0.push(id);
+                timed.1.push(created_at);
+            }
+            None => untimed.push(id),
         }
     }
-    for (table, timed) in tables {
+    for (table, ids, seqs) in partitions {
         let sql = if delete {
             format!(
-                "DELETE FROM {table} AS o USING unnest($1::uuid[], $2::timestamptz[]) \
-                 AS p(id, created_at) WHERE o.id = p.id AND o.created_at = p.created_at"
+                "DELETE FROM {table} AS o USING unnest($1::uuid[], $2::int8[]) \
+                 AS p(id, seq) WHERE o.id = p.id AND o.seq = p.seq"
             )
         } else {
             format!(
                 "UPDATE {table} AS o SET published_at = now() \
-                 FROM unnest($1::uuid[], $2::timestamptz[]) AS p(id, created_at) \
-                 WHERE o.id = p.id AND o.created_at = p.created_at"
+                 FROM unnest($1::uuid[], $2::int8[]) AS p(id, seq) \
+                 WHERE o.id = p.id AND o.seq = p.seq"
             )
         };
-        let times: Vec<&str> = timed
-            .iter()
-            .map(|id| places.created_at[id.as_str()])
-            .collect();
         sqlx::query(AssertSqlSafe(sql))
-            .bind(uuids(timed.into_iter())?)
-            .bind(times)
+            .bind(uuids(ids.into_iter())?)
+            .bind(seqs)
+            .execute(&mut *conn)
+            .await?;
+    }
+    if !timed.0.is_empty() {
+        let sql = if delete {
+            "DELETE FROM outbox AS o USING unnest($1::uuid[], $2::timestamptz[]) \
+             AS p(id, created_at) WHERE o.id = p.id AND o.created_at = p.created_at"
+        } else {
+            "UPDATE outbox AS o SET published_at = now() \
+             FROM unnest($1::uuid[], $2::timestamptz[]) AS p(id, created_at) \
+             WHERE o.id = p.id AND o.created_at = p.created_at"
+        };
+        sqlx::query(sql)
+            .bind(uuids(timed.0.into_iter())?)
+            .bind(timed.1)
             .execute(&mut *conn)
             .await?;
     }
