@@ -17,6 +17,22 @@ use super::PgDialect;
 use crate::record::OutboxRecord;
 use crate::source::extra::ExtraSelect;
 
+/// The select items that plan the rest of a transaction by index alone:
+/// no sort, no hash or merge join, no sequential scan. The pending and
+/// aggregate indexes give every order the claim's statements need, and
+/// the primary key finds every row its marks name. Without statistics (a
+/// table or a day's partition never analyzed, or one that grew since a
+/// statement's plan was made, which a partitioned outbox's generic plans
+/// keep) the planner may otherwise scan every pending row and sort it, or
+/// hash the whole table or partition to mark a batch, once per claim.
+macro_rules! planned_by_index {
+    () => {
+        "set_config('enable_sort', 'off', true), set_config('enable_hashjoin', 'off', true), \
+         set_config('enable_mergejoin', 'off', true), set_config('enable_seqscan', 'off', true)"
+    };
+}
+pub(super) use planned_by_index;
+
 /// Sets the claim's transaction-local timeouts. Rows another claim holds
 /// are waited for, never skipped, for at most a few seconds: one instance
 /// leaves its own open claim's aggregates out, so this waits only for a
@@ -35,14 +51,14 @@ pub(super) async fn begin(
     // outbox, and a claim ahead yields, so that the claim it would follow
     // can settle. One round trip either way.
     //
-    // No sort in the claim's statements: the pending and aggregate indexes
-    // give every order they need, and without statistics (a table never
-    // analyzed, or one that grew since its plan was made) the planner may
-    // otherwise scan every pending row and sort it, once per claim or once
-    // per aggregate looked up.
-    const SETTINGS: &str = "SELECT set_config('idle_in_transaction_session_timeout', \
+    // The claim's statements find their rows through indexes alone (see
+    // `planned_by_index`).
+    const SETTINGS: &str = concat!(
+        "SELECT set_config('idle_in_transaction_session_timeout', \
            coalesce($1, current_setting('idle_in_transaction_session_timeout')), true), \
-         set_config('lock_timeout', '5s', true), set_config('enable_sort', 'off', true)";
+         set_config('lock_timeout', '5s', true), ",
+        planned_by_index!()
+    );
     let key = crate::partitions::drop_lock_key(2);
     if ahead {
         let sql = format!("{SETTINGS}, pg_try_advisory_xact_lock_shared({key}) AS locked");

@@ -84,8 +84,20 @@ impl PostgresSource {
             .iter()
             .map(|(id, created_at)| (*id, Place::CreatedAt(created_at)))
             .collect();
-        let mut conn = self.pool().acquire().await?;
-        mark_rows(&mut conn, ids, &places, self.delete_on_publish()).await
+        if !self.dialect().partitioned {
+            let mut conn = self.pool().acquire().await?;
+            return mark_rows(&mut conn, ids, &places, self.delete_on_publish()).await;
+        }
+        // A partitioned outbox's statements keep the generic plan made when
+        // they first ran, maybe on nearly empty partitions: planned by
+        // index alone, as in a claim, the mark never scans a partition.
+        let mut txn = self.pool().begin().await?;
+        sqlx::query(concat!("SELECT ", claim::planned_by_index!()))
+            .execute(&mut *txn)
+            .await?;
+        mark_rows(&mut txn, ids, &places, self.delete_on_publish()).await?;
+        txn.commit().await?;
+        Ok(())
     }
 }
 
@@ -397,4 +409,111 @@ fn uuids<'a>(ids: impl Iterator<Item = &'a String>) -> Result<Vec<uuid::Uuid>, S
             .map_err(|error| SourceError::Query(sqlx::Error::Decode(Box::new(error))))
     })
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_tests::{Backend, TestDb};
+    use sea_orm::ConnectionTrait;
+    use sea_orm_migration::MigratorTrait;
+    use sqlx::Row;
+
+    /// A partitioned outbox's mark keeps the generic plan made the first
+    /// time it ran; made on a nearly empty day's partition that nothing
+    /// analyzed, that plan must still find each row by its primary key
+    /// once the day holds thousands of rows, never scan the partition.
+    /// The witness is the server's own count of the partition's
+    /// sequential scans in the marking transaction.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn marks_on_a_partition_that_grew_after_the_plan_never_scan_it() {
+        let t = TestDb::new(Backend::Postgres).await;
+        outbox_migrations::PartitionedMigrator::up(&t.db, None)
+            .await
+            .expect("partition the outbox");
+        let partition: String = {
+            let row =
+                t.db.query_one_raw(sea_orm::Statement::from_string(
+                    t.db_backend(),
+                    "SELECT 'outbox_p' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')",
+                ))
+                .await
+                .expect("today's partition")
+                .expect("a row");
+            row.try_get_by_index(0).expect("a name")
+        };
+        // No automatic ANALYZE to replace the plan while the test runs.
+        let insert = |n: usize| {
+            format!(
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+                 SELECT gen_random_uuid(), 'Ledger', 'l-' || (g % 100), 'LedgerPosted', '{{}}' \
+                 FROM generate_series(1, {n}) AS g"
+            )
+        };
+        t.db.execute_unprepared(&format!(
+            "ALTER TABLE {partition} SET (autovacuum_enabled = off); {}",
+            insert(1)
+        ))
+        .await
+        .expect("the first row");
+
+        let url = DatabaseUrl::parse(&t.url).expect("a PostgreSQL URL");
+        let (pool, dialect) = PgDialect::connect(&url, &SourceOptions::default())
+            .await
+            .expect("connect as the relay does");
+        assert!(dialect.partitioned);
+        let mut conn = pool.acquire().await.expect("a connection");
+        // Marks `n` pending rows in a claim's transaction; returns the
+        // partition's sequential scans in it.
+        let mut mark = async |n: i64| -> i64 {
+            let mut txn = conn.begin().await.expect("begin");
+            claim::begin(&mut txn, None, false).await.expect("settings");
+            let rows = sqlx::query(
+                "SELECT id::text AS id, seq, tableoid::regclass::text AS partition FROM outbox \
+                 WHERE published_at IS NULL ORDER BY seq LIMIT $1",
+            )
+            .bind(n)
+            .fetch_all(&mut *txn)
+            .await
+            .expect("pending rows");
+            let ids: Vec<String> = rows.iter().map(|row| row.get("id")).collect();
+            let partitions: Vec<String> = rows.iter().map(|row| row.get("partition")).collect();
+            let places: FastMap<&str, Place<'_>> = rows
+                .iter()
+                .zip(&ids)
+                .zip(&partitions)
+                .map(|((row, id), name)| {
+                    let seq = row.get("seq");
+                    (id.as_str(), Place::Partition { name, seq })
+                })
+                .collect();
+            let scans_before = sequential_scans(&mut txn, &partition).await;
+            mark_rows(&mut txn, &ids, &places, false)
+                .await
+                .expect("mark");
+            let scans = sequential_scans(&mut txn, &partition).await;
+            txn.commit().await.expect("commit");
+            scans - scans_before
+        };
+        // The plan is made now, on one row.
+        mark(1).await;
+        t.db.execute_unprepared(&insert(20_000))
+            .await
+            .expect("a day's rows");
+        assert_eq!(mark(50).await, 0, "the mark scanned {partition}");
+        let published = t.count("outbox WHERE published_at IS NOT NULL").await;
+        assert_eq!(published, 51);
+        drop(conn);
+        pool.close().await;
+        t.drop().await;
+    }
+
+    /// The sequential scans of `table` in the current transaction.
+    async fn sequential_scans(conn: &mut PgConnection, table: &str) -> i64 {
+        sqlx::query_scalar("SELECT pg_stat_get_xact_numscans($1::regclass)")
+            .bind(table)
+            .fetch_one(conn)
+            .await
+            .expect("the table's scans")
+    }
 }
