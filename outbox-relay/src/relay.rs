@@ -357,7 +357,8 @@ impl Relay {
             shortened,
         } = batch;
         let records = claim.records();
-        if !claim.lease_valid() {
+        let send_until = claim.send_until();
+        if send_until.is_some_and(|until| Instant::now() >= until) {
             tracing::warn!(
                 claimed = records.len(),
                 "the shard lease ran out before publishing (was the relay paused?); \
@@ -369,7 +370,12 @@ impl Relay {
             .iter()
             .map(|record| self.topics.message(record))
             .collect();
-        let outcomes = self.sink.publish(&messages).await;
+        // A pause may come at any point from here on: the sink checks the
+        // lease's end before each message it hands to the broker.
+        let outcomes = match send_until {
+            Some(until) => self.sink.publish_until(&messages, until).await,
+            None => self.sink.publish(&messages).await,
+        };
         let settlement = settle(records, &outcomes, self.options.max_attempts);
         let report = BatchReport {
             claimed: records.len(),
@@ -508,6 +514,132 @@ pub fn settle(
 mod tests {
     use super::*;
     use crate::record::test_record as record;
+    use crate::source::SourceOptions;
+    use crate::source::sqlite::SqliteSource;
+
+    /// A claim made under a shard lease that ends at `until`.
+    struct Leased {
+        records: Vec<OutboxRecord>,
+        until: Instant,
+    }
+
+    #[async_trait::async_trait]
+    impl Claim for Leased {
+        fn records(&self) -> &[OutboxRecord] {
+            &self.records
+        }
+
+        fn send_until(&self) -> Option<Instant> {
+            Some(self.until)
+        }
+
+        fn truncate(&mut self, len: usize) {
+            self.records.truncate(len);
+        }
+
+        async fn settle(self: Box<Self>, _: &Settlement) -> Result<(), SourceError> {
+            Ok(())
+        }
+    }
+
+    /// A sink that hands messages over one at a time, as the brokers'
+    /// sinks do, and stops for `pause` (as a relay stopped with SIGSTOP)
+    /// after the first one; it records every message it handed over.
+    struct Pausing {
+        pause: Duration,
+        handed_over: Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Sink for Pausing {
+        async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+            self.publish_until(messages, Instant::now() + Duration::from_secs(3600))
+                .await
+        }
+
+        async fn publish_until(
+            &self,
+            messages: &[Message],
+            fresh_until: Instant,
+        ) -> Vec<Result<(), SendError>> {
+            let mut outcomes = Vec::new();
+            for (index, message) in messages.iter().enumerate() {
+                if index == 1 {
+                    std::thread::sleep(self.pause);
+                }
+                if Instant::now() >= fresh_until {
+                    outcomes.push(Err(SendError::stale()));
+                    continue;
+                }
+                self.handed_over.lock().unwrap().push(message.key.clone());
+                outcomes.push(Ok(()));
+            }
+            outcomes
+        }
+
+        async fn flush(&self, _: Duration) {}
+    }
+
+    async fn relay_to(sink: Arc<Pausing>) -> Relay {
+        let source = SqliteSource::connect("sqlite::memory:", SourceOptions::default())
+            .await
+            .expect("in-memory SQLite");
+        Relay::new(
+            Arc::new(source),
+            sink,
+            TopicTemplate::new("t"),
+            RelayOptions::default(),
+        )
+    }
+
+    fn leased(until: Instant) -> Claimed {
+        Claimed {
+            claim: Box::new(Leased {
+                records: vec![
+                    record("a1", "a", 0),
+                    record("b1", "b", 0),
+                    record("c1", "c", 0),
+                ],
+                until,
+            }),
+            claimed_at: Instant::now(),
+            shortened: None,
+        }
+    }
+
+    /// A relay paused in the middle of a batch, past its shard lease,
+    /// hands none of the batch's remaining messages to the broker once
+    /// resumed: another relay owns those shards by then.
+    #[tokio::test]
+    async fn a_batch_stops_at_the_end_of_its_lease() {
+        let sink = Arc::new(Pausing {
+            pause: Duration::from_millis(300),
+            handed_over: Mutex::default(),
+        });
+        let relay = relay_to(sink.clone()).await;
+        let Sent::Answered(answered) = relay
+            .send(leased(Instant::now() + Duration::from_millis(200)))
+            .await
+        else {
+            panic!("a batch under a valid lease is sent");
+        };
+        assert_eq!(*sink.handed_over.lock().unwrap(), ["a"]);
+        assert_eq!(answered.settlement.published, ["a1"]);
+        assert_eq!(answered.report.failed, 2, "the rest stays pending");
+    }
+
+    /// A batch whose lease ran out before the send is abandoned whole.
+    #[tokio::test]
+    async fn a_batch_past_its_lease_is_abandoned() {
+        let sink = Arc::new(Pausing {
+            pause: Duration::ZERO,
+            handed_over: Mutex::default(),
+        });
+        let relay = relay_to(sink.clone()).await;
+        let sent = relay.send(leased(Instant::now())).await;
+        assert!(matches!(sent, Sent::Abandoned));
+        assert!(sink.handed_over.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn an_aggregate_stops_at_its_first_failure() {

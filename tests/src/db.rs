@@ -309,6 +309,12 @@ impl TestDb {
     /// a slot and publication of its own and `args` after them, and waits
     /// until it reads the slot: rows committed from then on reach it.
     /// Returns the process and the slot's name.
+    ///
+    /// A slot is `active` from the start of its creation, while the server
+    /// still waits for the transactions running then (other tests') to end
+    /// before it decodes anything; a row committed in that wait is not in
+    /// the slot. So this waits for a replication session (a walsender)
+    /// to stream it, which starts once the creation is done.
     pub async fn start_cdc_relay(
         &self,
         relay: &std::path::Path,
@@ -328,7 +334,10 @@ impl TestDb {
         let process =
             crate::process::RelayProcess::spawn(relay, &all, &[("DATABASE_URL", &self.url)]);
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let active = format!("pg_replication_slots WHERE slot_name = '{slot}' AND active");
+        let active = format!(
+            "pg_replication_slots AS s JOIN pg_stat_activity AS a ON a.pid = s.active_pid \
+             WHERE s.slot_name = '{slot}' AND s.active AND a.backend_type = 'walsender'"
+        );
         while self.count(&active).await == 0 {
             assert!(
                 std::time::Instant::now() < deadline,

@@ -41,7 +41,7 @@ pub mod subject;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{
@@ -764,6 +764,47 @@ impl NatsSink {
         true
     }
 
+    /// [`Sink::publish`], handing no message to the server after
+    /// `fresh_until` when given.
+    async fn send_batch(
+        &self,
+        messages: &[Message],
+        fresh_until: Option<Instant>,
+    ) -> Vec<Result<(), SendError>> {
+        if let Err(error) = self.recover_stream().await {
+            return vec![Err(error); messages.len()];
+        }
+        let template = &self.options.subject_template;
+        let subjects = messages
+            .iter()
+            .map(|message| template.subject(&message.aggregate_type, &message.key))
+            .collect();
+        let mut batch = InFlight {
+            dispatch: Dispatch::new(messages, subjects),
+            deadline: tokio::time::Instant::now() + self.options.send_timeout,
+            awaited: FuturesUnordered::new(),
+            duplicates: 0,
+            stopped: None,
+        };
+        let max_pending = self.options.max_pending.max(1);
+        loop {
+            while batch.stopped.is_none() && batch.awaited.len() < max_pending {
+                let Some(index) = batch.dispatch.next_to_send() else {
+                    break;
+                };
+                if fresh_until.is_some_and(|until| Instant::now() >= until) {
+                    batch.dispatch.fail(index, SendError::stale());
+                    continue;
+                }
+                self.send(&mut batch, index, &messages[index]).await;
+            }
+            if !self.await_ack(&mut batch).await {
+                break;
+            }
+        }
+        self.finish(batch)
+    }
+
     /// Every message's outcome, those still open failed.
     fn finish(&self, batch: InFlight<'_>) -> Vec<Result<(), SendError>> {
         drop(batch.awaited);
@@ -789,34 +830,16 @@ impl NatsSink {
 #[async_trait]
 impl Sink for NatsSink {
     async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
-        if let Err(error) = self.recover_stream().await {
-            return vec![Err(error); messages.len()];
-        }
-        let template = &self.options.subject_template;
-        let subjects = messages
-            .iter()
-            .map(|message| template.subject(&message.aggregate_type, &message.key))
-            .collect();
-        let mut batch = InFlight {
-            dispatch: Dispatch::new(messages, subjects),
-            deadline: tokio::time::Instant::now() + self.options.send_timeout,
-            awaited: FuturesUnordered::new(),
-            duplicates: 0,
-            stopped: None,
-        };
-        let max_pending = self.options.max_pending.max(1);
-        loop {
-            while batch.stopped.is_none() && batch.awaited.len() < max_pending {
-                let Some(index) = batch.dispatch.next_to_send() else {
-                    break;
-                };
-                self.send(&mut batch, index, &messages[index]).await;
-            }
-            if !self.await_ack(&mut batch).await {
-                break;
-            }
-        }
-        self.finish(batch)
+        self.send_batch(messages, None).await
+    }
+
+    /// Checks `fresh_until` before each message it hands to the server.
+    async fn publish_until(
+        &self,
+        messages: &[Message],
+        fresh_until: Instant,
+    ) -> Vec<Result<(), SendError>> {
+        self.send_batch(messages, Some(fresh_until)).await
     }
 
     async fn flush(&self, timeout: Duration) {

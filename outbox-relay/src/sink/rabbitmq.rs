@@ -42,7 +42,7 @@
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -503,9 +503,14 @@ impl<'a> Confirms<'a> {
     }
 }
 
-#[async_trait]
-impl Sink for RabbitMqSink {
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+impl RabbitMqSink {
+    /// [`Sink::publish`], handing no message to the broker after
+    /// `fresh_until` when given.
+    async fn send(
+        &self,
+        messages: &[Message],
+        fresh_until: Option<Instant>,
+    ) -> Vec<Result<(), SendError>> {
         let mut slot = self.link.lock().await;
         let channel = match self.ensure_link(&mut slot).await {
             Ok(link) => link.channel.clone(),
@@ -519,6 +524,10 @@ impl Sink for RabbitMqSink {
                 continue;
             }
             while batch.unconfirmed.len() >= max_unconfirmed && batch.await_confirm().await {}
+            if fresh_until.is_some_and(|until| Instant::now() >= until) {
+                batch.confirms.fail(index, SendError::stale());
+                continue;
+            }
             batch.send(index, message).await;
         }
         while batch.await_confirm().await {}
@@ -531,6 +540,22 @@ impl Sink for RabbitMqSink {
             }
         }
         outcomes
+    }
+}
+
+#[async_trait]
+impl Sink for RabbitMqSink {
+    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+        self.send(messages, None).await
+    }
+
+    /// Checks `fresh_until` before each message it hands to the broker.
+    async fn publish_until(
+        &self,
+        messages: &[Message],
+        fresh_until: Instant,
+    ) -> Vec<Result<(), SendError>> {
+        self.send(messages, Some(fresh_until)).await
     }
 
     async fn flush(&self, timeout: Duration) {

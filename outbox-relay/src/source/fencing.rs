@@ -2,8 +2,8 @@
 //! the claim's shards under the epochs it claimed them with.
 //!
 //! A claim reads this instance's shards and their epochs ([`owned_shards`]);
-//! the relay sends the batch only while its own view of the lease still
-//! holds them ([`Fencing::lease_valid`]); the settle reads them again in
+//! the relay hands the batch's messages to the sink only while its own
+//! view of the lease still holds them ([`Fencing::send_until`]); the settle reads them again in
 //! the claim's transaction and marks nothing when any changed owner
 //! meanwhile ([`Fencing::check`], [`SourceError::Fenced`]).
 
@@ -28,10 +28,13 @@ pub(crate) struct Fencing {
 }
 
 impl Fencing {
-    /// Whether, as this instance knows it, it still holds the claim's
-    /// shards under the same epochs, with a lease covering now.
-    pub fn lease_valid(&self) -> bool {
-        self.membership.holds(Instant::now(), &self.owned)
+    /// Until when, as this instance knows it, it holds the claim's shards
+    /// under the same epochs: the end of its lease, or an instant already
+    /// past once any of them changed owner.
+    pub fn send_until(&self) -> Instant {
+        self.membership
+            .held_until(&self.owned)
+            .unwrap_or_else(Instant::now)
     }
 
     /// Fails with the shards whose owner or epoch changed since the claim.

@@ -257,10 +257,14 @@ pub trait Claim: Send {
         InFlight::of(self.records())
     }
 
-    /// Whether this instance still owns the claimed rows' shards, as far as
-    /// it knows; a batch whose lease ran out (after a pause) is not sent.
-    fn lease_valid(&self) -> bool {
-        true
+    /// Until when the claimed rows may be handed to the sink: `None` where
+    /// no lease bounds them (an unsharded relay); otherwise the end of the
+    /// lease under which this instance owns their shards, as far as it
+    /// knows, or an instant already past once it lost any of them. No
+    /// message of the batch is handed over after it, so a relay paused in
+    /// the middle of a batch sends none of the rest once resumed.
+    fn send_until(&self) -> Option<Instant> {
+        None
     }
 
     /// Keeps the first `len` rows in the batch and leaves the others out:

@@ -49,8 +49,8 @@ impl<D: SharedStatements> Claim for SqlClaim<D> {
         self.records.truncate(len);
     }
 
-    fn lease_valid(&self) -> bool {
-        self.fencing.as_ref().is_none_or(Fencing::lease_valid)
+    fn send_until(&self) -> Option<std::time::Instant> {
+        self.fencing.as_ref().map(Fencing::send_until)
     }
 
     async fn settle(self: Box<Self>, settlement: &Settlement) -> Result<(), SourceError> {

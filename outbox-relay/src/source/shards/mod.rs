@@ -141,12 +141,20 @@ impl Membership {
     /// under them may be sent. False once the lease ran out (after a
     /// pause, say), and false for good once any of them changed owner,
     /// even if this instance renewed its other shards since.
+    #[cfg(test)]
     pub fn holds(&self, now: Instant, claimed: &[(i64, i64)]) -> bool {
+        self.held_until(claimed).is_some_and(|until| now < until)
+    }
+
+    /// Until when, as of the last renewal, this instance holds every one
+    /// of the `(shard, epoch)` pairs; `None` when it holds no lease or any
+    /// of them changed owner.
+    pub fn held_until(&self, claimed: &[(i64, i64)]) -> Option<Instant> {
         let lease = self.lease.lock().expect("membership lock");
-        lease.valid_until.is_some_and(|until| now < until)
-            && claimed
-                .iter()
-                .all(|(shard, epoch)| lease.owned.get(shard) == Some(epoch))
+        let all_held = claimed
+            .iter()
+            .all(|(shard, epoch)| lease.owned.get(shard) == Some(epoch));
+        lease.valid_until.filter(|_| all_held)
     }
 
     /// Says once, at INFO, that this instance waits for shards other
