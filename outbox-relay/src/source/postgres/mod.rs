@@ -73,21 +73,15 @@ impl PostgresSource {
         ids: &[String],
         created_at: &FastMap<&str, &str>,
     ) -> Result<(), SourceError> {
-        // On a plain outbox the primary key is the id alone.
-        let untimed = FastMap::default();
-        let created_at = if self.dialect().partitioned {
-            created_at
-        } else {
-            &untimed
-        };
+        if !self.dialect().partitioned {
+            // On a plain outbox the primary key is the id alone.
+            let mut conn = self.pool().acquire().await?;
+            return mark_published(&mut *conn, ids, self.delete_on_publish()).await;
+        }
         let places: FastMap<&str, Place<'_>> = created_at
             .iter()
             .map(|(id, created_at)| (*id, Place::CreatedAt(created_at)))
             .collect();
-        if !self.dialect().partitioned {
-            let mut conn = self.pool().acquire().await?;
-            return mark_rows(&mut conn, ids, &places, self.delete_on_publish()).await;
-        }
         // A partitioned outbox's statements keep the generic plan made when
         // they first ran, maybe on nearly empty partitions: planned by
         // index alone, as in a claim, the mark never scans a partition.
@@ -377,16 +371,15 @@ async fn mark_rows(
             .await?;
     }
     if !untimed.is_empty() {
-        let untimed: Vec<String> = untimed.into_iter().cloned().collect();
-        mark_published(conn, &untimed, delete).await?;
+        mark_published(conn, untimed, delete).await?;
     }
     Ok(())
 }
 
 /// Marks the rows `ids` published, or deletes them with `delete`.
-async fn mark_published<'e>(
+async fn mark_published<'e, 'a>(
     executor: impl sqlx::PgExecutor<'e>,
-    ids: &[String],
+    ids: impl IntoIterator<Item = &'a String>,
     delete: bool,
 ) -> Result<(), SourceError> {
     let sql = if delete {
@@ -396,7 +389,7 @@ async fn mark_published<'e>(
          FROM unnest($1::uuid[]) AS p(id) WHERE o.id = p.id"
     };
     sqlx::query(sql)
-        .bind(uuids(ids.iter())?)
+        .bind(uuids(ids.into_iter())?)
         .execute(executor)
         .await?;
     Ok(())
