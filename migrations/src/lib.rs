@@ -341,6 +341,39 @@ impl MigrationTrait for PartitionCreationWaitsForClaims {
     }
 }
 
+/// PostgreSQL, on an outbox partitioned by [`PartitionOutbox`]: claims
+/// leave out the days partition maintenance settled (every row published
+/// or dead-lettered, before yesterday): the table `outbox_claim_window`
+/// holds the first day claims read, and a settled day's row trigger sets
+/// it back when one of its rows becomes pending again. Nothing on
+/// MariaDB/MySQL.
+pub struct ClaimsSkipSettledDays;
+
+impl MigrationName for ClaimsSkipSettledDays {
+    fn name(&self) -> &str {
+        "m20261205_000011_claims_skip_settled_days"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for ClaimsSkipSettledDays {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_on_postgres(
+            manager,
+            include_str!("../sql/postgres/0011_claims_skip_settled_days.up.sql"),
+        )
+        .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_on_postgres(
+            manager,
+            include_str!("../sql/postgres/0011_claims_skip_settled_days.down.sql"),
+        )
+        .await
+    }
+}
+
 /// Runs a migration of the partitioned outbox; on SQLite, an error that
 /// says why there is none.
 async fn run_partitioned(manager: &SchemaManager<'_>, sql: &Sql) -> Result<(), DbErr> {
@@ -409,6 +442,7 @@ impl MigratorTrait for PartitionedMigrator {
         let mut migrations = Migrator::migrations();
         migrations.push(Box::new(PartitionOutbox));
         migrations.push(Box::new(PartitionCreationWaitsForClaims));
+        migrations.push(Box::new(ClaimsSkipSettledDays));
         // In the order of their names, as they were released.
         migrations.sort_by(|a, b| a.name().cmp(b.name()));
         migrations

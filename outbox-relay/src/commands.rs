@@ -532,6 +532,12 @@ fn maintenance_lines(done: &Maintenance) -> String {
             kept.name, kept.reason, kept.pending, kept.dead_letters
         ));
     }
+    if let Some(from) = done.claims_from {
+        lines.push_str(&format!(
+            "claims read the days from {} on; the days before are settled\n",
+            from.format("%Y-%m-%d")
+        ));
+    }
     if done.default_rows > 0 {
         lines.push_str(&format!(
             "{} rows stay in the catch-all partition: no day partition can hold their creation \

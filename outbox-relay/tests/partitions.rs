@@ -993,3 +993,198 @@ async fn wait_for_count(t: &TestDb, table_and_filter: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Runs `outbox-relay run --drain` until no row is pending, failing after
+/// 30 s with the relay's log.
+async fn drain_within_30s(t: &TestDb, why: &str) {
+    let mut relay = RelayProcess::spawn(
+        Path::new(RELAY),
+        &["run", "--drain", "--sink", "stdout"],
+        &[("DATABASE_URL", &t.url)],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pending = "outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL";
+    while t.count(pending).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{why}: rows still pending after 30 s; relay:\n{}",
+            relay.stderr().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    relay.terminate();
+}
+
+/// The claim window's lower bound (`None`: -infinity) and version.
+async fn claim_window(t: &TestDb) -> (Option<String>, i64) {
+    let row =
+        t.db.query_one_raw(sea_orm::Statement::from_string(
+            t.db_backend(),
+            "SELECT CASE WHEN isfinite(low) THEN to_char(low AT TIME ZONE 'UTC', 'YYYY-MM-DD') END, \
+               version FROM outbox_claim_window",
+        ))
+        .await
+        .expect("read the claim window")
+        .expect("the claim window's row");
+    (
+        row.try_get_by_index(0).expect("low"),
+        row.try_get_by_index(1).expect("version"),
+    )
+}
+
+/// PostgreSQL: maintenance settles the days before yesterday once none of
+/// their rows is pending, and claims leave them out: a drain goes through
+/// while another session holds a settled day's partition in a lock that
+/// any claim reading it would wait for. A row that becomes pending in a
+/// settled day (written there by plain SQL, a dead letter re-driven)
+/// reopens the window and is published.
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_leave_out_settled_days_and_a_row_pending_there_reopens_them() {
+    let t = TestDb::new(Backend::Postgres).await;
+    migrate_partitioned(&t);
+    for days in 2..=5 {
+        t.db.execute_unprepared(&format!(
+            "SELECT outbox_create_day_partition(((now() AT TIME ZONE 'UTC')::date - {days}))"
+        ))
+        .await
+        .expect("create a past day");
+    }
+    // Day -4 holds a published row, day -3 a dead letter.
+    let published = insert_at(&t, "led-1", &days_ago(&t, 4), false).await;
+    t.db.execute_unprepared(&format!(
+        "UPDATE outbox SET published_at = now() WHERE id = '{published}'"
+    ))
+    .await
+    .expect("publish");
+    let dead = insert_at(&t, "led-2", &days_ago(&t, 3), true).await;
+    assert_eq!(claim_window(&t).await.0, None, "every day is read at first");
+
+    let done = maintain_retaining(&t, "30d");
+    let yesterday = (Utc::now().date_naive() - Days::new(1))
+        .format("%Y-%m-%d")
+        .to_string();
+    assert_eq!(
+        done["claims_from"]
+            .as_str()
+            .map(|from| from[..10].to_owned()),
+        Some(yesterday.clone()),
+        "{done}"
+    );
+    let (low, settled_version) = claim_window(&t).await;
+    assert_eq!(low, Some(yesterday.clone()));
+
+    // A claim reading a settled day would wait for this lock (its row
+    // locks need ROW SHARE); plain reads do not.
+    let locker = sea_orm::TransactionTrait::begin(&t.db)
+        .await
+        .expect("begin");
+    locker
+        .execute_unprepared(&format!(
+            "LOCK TABLE {} IN EXCLUSIVE MODE",
+            day_partition(-5)
+        ))
+        .await
+        .expect("lock a settled day");
+    let mut written = Vec::new();
+    for n in 0..3 {
+        written.push(insert_at(&t, &format!("led-{n}"), "now()", false).await);
+    }
+    drain_within_30s(&t, "a settled day locked").await;
+    locker.rollback().await.expect("unlock");
+
+    // Written into a settled day by plain SQL.
+    let late = insert_at(&t, "led-1", &days_ago(&t, 4), false).await;
+    let (low, version) = claim_window(&t).await;
+    assert_eq!(
+        low, None,
+        "a pending row in a settled day reopens the window"
+    );
+    assert!(version > settled_version);
+    drain_within_30s(&t, "a row written into a settled day").await;
+    assert_eq!(partition_of(&t, &late).await, day_partition(-4));
+
+    // Settled again, then a dead letter of a settled day re-driven.
+    maintain_retaining(&t, "30d");
+    assert_eq!(claim_window(&t).await.0, Some(yesterday));
+    t.db.execute_unprepared(&format!(
+        "UPDATE outbox SET dead_lettered_at = NULL, attempts = 0 WHERE id = '{dead}'"
+    ))
+    .await
+    .expect("redrive");
+    assert_eq!(
+        claim_window(&t).await.0,
+        None,
+        "a redrive reopens the window"
+    );
+    drain_within_30s(&t, "a dead letter re-driven in a settled day").await;
+    assert_eq!(
+        t.count(&format!(
+            "outbox WHERE id IN ('{late}', '{dead}', '{}') AND published_at IS NOT NULL",
+            written.join("', '")
+        ))
+        .await,
+        5
+    );
+    t.drop().await;
+}
+
+/// PostgreSQL: a running relay that read the claim window keeps an
+/// aggregate's plain-SQL rows in insertion order when the first of them
+/// goes into a settled day and reopens the window: its claims, made for
+/// the window it read, find nothing while the window changed, and read it
+/// again, rather than take the aggregate's later row of today first.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_reopening_the_window_goes_out_before_its_aggregates_later_rows() {
+    let t = TestDb::new(Backend::Postgres).await;
+    migrate_partitioned(&t);
+    for days in 2..=4 {
+        t.db.execute_unprepared(&format!(
+            "SELECT outbox_create_day_partition(((now() AT TIME ZONE 'UTC')::date - {days}))"
+        ))
+        .await
+        .expect("create a past day");
+    }
+    maintain_retaining(&t, "30d");
+    assert!(claim_window(&t).await.0.is_some(), "days settled");
+    let mut relay = RelayProcess::spawn(
+        Path::new(RELAY),
+        &["run", "--sink", "stdout", "--poll-interval", "100ms"],
+        &[("DATABASE_URL", &t.url)],
+    );
+    // The relay has read the window once it published this.
+    insert_at(&t, "warm-up", "now()", false).await;
+    wait_until_drained(&t, &mut relay).await;
+
+    let (late, later) = {
+        let txn = sea_orm::TransactionTrait::begin(&t.db)
+            .await
+            .expect("begin");
+        let mut ids = Vec::new();
+        for created_at in [days_ago(&t, 3), "now()".to_owned()] {
+            let id = uuid::Uuid::now_v7().to_string();
+            txn.execute_unprepared(&format!(
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, created_at) \
+                 VALUES ('{id}', 'Ledger', 'led-9', 'LedgerPosted', '{{}}', {created_at})"
+            ))
+            .await
+            .expect("insert");
+            ids.push(id);
+        }
+        txn.commit().await.expect("commit");
+        (ids[0].clone(), ids[1].clone())
+    };
+    wait_until_drained(&t, &mut relay).await;
+    relay.terminate();
+    let stdout = relay.stdout().join("\n");
+    let position = |id: &str| {
+        stdout
+            .lines()
+            .position(|line| line.contains(id))
+            .unwrap_or_else(|| panic!("{id} not published:\n{stdout}"))
+    };
+    assert!(
+        position(&late) < position(&later),
+        "the aggregate's rows out of insertion order:\n{stdout}"
+    );
+    t.drop().await;
+}

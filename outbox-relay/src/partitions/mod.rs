@@ -52,6 +52,17 @@ pub trait Store: Send + Sync {
     /// checked under the outbox's exclusive lock.
     async fn drop_if_published(&self, partition: &str) -> Result<Outcome, PartitionError>;
 
+    /// Settles the oldest days for claims to leave out (PostgreSQL, see
+    /// `migrations/sql/postgres/0011_claims_skip_settled_days.up.sql`):
+    /// those ending by the start of yesterday, up to the first holding a
+    /// pending row, get the trigger that reopens the claim window, and the
+    /// window starts after them. Returns where claims start reading now;
+    /// `None` where there is no claim window (MariaDB/MySQL, an outbox
+    /// migrated before it) or the outbox was too busy to settle.
+    async fn settle_days(&self) -> Result<Option<DateTime<Utc>>, PartitionError> {
+        Ok(None)
+    }
+
     /// Closes its connections.
     async fn close(&self);
 }
@@ -342,6 +353,9 @@ pub struct Maintenance {
     /// Rows left in the default partition (a creation time no day can
     /// hold, such as `infinity`).
     pub default_rows: i64,
+    /// PostgreSQL: the creation time from which claims read the outbox,
+    /// the days before it settled (`None`: every day, or not known).
+    pub claims_from: Option<DateTime<Utc>>,
 }
 
 /// A partition maintenance dropped.
@@ -428,6 +442,7 @@ pub async fn maintain(
             }),
         }
     }
+    maintenance.claims_from = store.settle_days().await?;
     Ok(maintenance)
 }
 

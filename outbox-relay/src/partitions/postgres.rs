@@ -6,6 +6,7 @@
 //! caught into their day's partition.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
 use super::{
@@ -21,18 +22,26 @@ fn is_lock_timeout<T>(result: &Result<T, sqlx::Error>) -> bool {
     matches!(result, Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03"))
 }
 
-/// Takes, in `conn`'s transaction and each within [`DROP_LOCK_TIMEOUT`],
-/// the maintenance lock and then [`DROP_LOCK`], the order every
-/// maintenance takes them in so that two never wait for each other: the
-/// claims open now end first, later ones wait for the transaction.
-/// `false` when DROP_LOCK stayed busy.
-async fn lock_out_claims(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+/// Takes the maintenance lock in `conn`'s transaction, within
+/// [`DROP_LOCK_TIMEOUT`] (which then bounds every lock the transaction
+/// waits for).
+async fn take_maintenance_lock(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2, $3)")
         .bind(format!("{}ms", DROP_LOCK_TIMEOUT.as_millis()))
         .bind(MAINTENANCE_LOCK.0)
         .bind(MAINTENANCE_LOCK.1)
         .execute(&mut *conn)
         .await?;
+    Ok(())
+}
+
+/// Takes, in `conn`'s transaction and each within [`DROP_LOCK_TIMEOUT`],
+/// the maintenance lock and then [`DROP_LOCK`], the order every
+/// maintenance takes them in so that two never wait for each other: the
+/// claims open now end first, later ones wait for the transaction.
+/// `false` when DROP_LOCK stayed busy.
+async fn lock_out_claims(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    take_maintenance_lock(conn).await?;
     let drop_lock = sqlx::query(AssertSqlSafe(format!(
         "SELECT pg_advisory_xact_lock({})",
         super::drop_lock_key(1)
@@ -156,6 +165,38 @@ impl Store for PgStore {
         Ok((ranges, default_rows))
     }
 
+    async fn settle_days(&self) -> Result<Option<DateTime<Utc>>, PartitionError> {
+        let what = "settling the outbox's oldest days";
+        let has_window: bool =
+            sqlx::query_scalar("SELECT to_regclass('outbox_claim_window') IS NOT NULL")
+                .fetch_one(&self.0)
+                .await
+                .map_err(PartitionError::query(what))?;
+        if !has_window {
+            return Ok(None);
+        }
+        let today = Utc::now().date_naive();
+        let yesterday = (today - chrono::Days::new(1))
+            .and_hms_opt(0, 0, 0)
+            .expect("midnight exists")
+            .and_utc();
+        let mut tx = self.0.begin().await.map_err(PartitionError::query(what))?;
+        let settled = Self::settle_days_in(&mut tx, yesterday).await;
+        if is_lock_timeout(&settled) {
+            tracing::info!(
+                "the outbox was busy; its oldest days are settled at the next maintenance"
+            );
+            return Ok(None);
+        }
+        match settled.map_err(PartitionError::query(what))? {
+            Some(low) => {
+                tx.commit().await.map_err(PartitionError::query(what))?;
+                Ok(low)
+            }
+            None => Ok(None),
+        }
+    }
+
     /// Checked under the exclusive lock of the outbox's root and of the
     /// partition (so nothing can make a row of it pending before the
     /// drop).
@@ -215,6 +256,124 @@ impl Store for PgStore {
             .map_err(PartitionError::query(what))?;
         Ok(Outcome::Dropped { locked })
     }
+}
+
+/// A partition as [`PgStore::settle_days`] sees it.
+#[derive(sqlx::FromRow)]
+struct Day {
+    name: String,
+    /// `None`: unbounded below.
+    lower_bound: Option<DateTime<Utc>>,
+    /// `None`: unbounded above.
+    upper_bound: Option<DateTime<Utc>>,
+    /// Whether it has the trigger that reopens the claim window.
+    watched: bool,
+}
+
+impl PgStore {
+    /// [`Store::settle_days`] in `tx`: `None` when a row became pending in
+    /// a day it meant to settle, or the window changed meanwhile.
+    async fn settle_days_in(
+        tx: &mut PgConnection,
+        yesterday: DateTime<Utc>,
+    ) -> Result<Option<Option<DateTime<Utc>>>, sqlx::Error> {
+        // One maintenance at a time; the window's row is read (and later
+        // updated only if unchanged) under it.
+        take_maintenance_lock(tx).await?;
+        let version: i64 = sqlx::query_scalar("SELECT version FROM outbox_claim_window")
+            .fetch_one(&mut *tx)
+            .await?;
+        let days: Vec<Day> = sqlx::query_as(
+            "SELECT p.name, p.lower_bound, p.upper_bound, EXISTS (SELECT 1 FROM pg_trigger AS t \
+               WHERE t.tgrelid = to_regclass(p.name) AND t.tgname = 'outbox_claim_window') \
+               AS watched \
+               FROM outbox_partitions() AS p WHERE NOT p.is_default ORDER BY p.lower_bound NULLS FIRST",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        // The oldest days, up to the first with a pending row, among those
+        // ended by the start of yesterday: a transaction that began before
+        // midnight writes into yesterday.
+        let mut settled = Vec::new();
+        let mut low = yesterday;
+        for day in &days {
+            let ended = day.upper_bound.is_some_and(|upper| upper <= yesterday);
+            if !ended || pending_in(&mut *tx, &day.name).await? {
+                low = low.min(day.lower_bound.unwrap_or(DateTime::<Utc>::MIN_UTC));
+                break;
+            }
+            settled.push(day);
+        }
+        if low == DateTime::<Utc>::MIN_UTC {
+            // A partition unbounded below (a converted outbox's) stays open.
+            return Ok(Some(None));
+        }
+        // A day is watched before the window leaves it out: under a lock
+        // that keeps writers out of it, none of its rows is pending, and
+        // from then on its trigger reopens the window for any that becomes
+        // pending.
+        for table in settled
+            .iter()
+            .filter(|day| !day.watched)
+            .map(|day| day.name.as_str())
+            .chain(["outbox_default"])
+        {
+            sqlx::query(AssertSqlSafe(format!(
+                "LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE",
+                quote_ident(table)
+            )))
+            .execute(&mut *tx)
+            .await?;
+            if table != "outbox_default" && pending_in(&mut *tx, table).await? {
+                return Ok(None);
+            }
+            sqlx::query("SELECT outbox_claim_window_watch($1)")
+                .bind(table)
+                .execute(&mut *tx)
+                .await?;
+        }
+        // Rows of the default partition before the window would be missed:
+        // none may be pending (checked under its lock), and its trigger
+        // reopens the window for new ones.
+        let default_pending: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox_default WHERE created_at < $1 \
+               AND published_at IS NULL AND dead_lettered_at IS NULL)",
+        )
+        .bind(low)
+        .fetch_one(&mut *tx)
+        .await?;
+        if default_pending {
+            return Ok(None);
+        }
+        // Unchanged since read: no trigger reopened the window meanwhile.
+        let moved = sqlx::query(
+            "UPDATE outbox_claim_window SET version = version + 1, low = $1 \
+               WHERE version = $2 AND low IS DISTINCT FROM $1",
+        )
+        .bind(low)
+        .bind(version)
+        .execute(&mut *tx)
+        .await?;
+        if moved.rows_affected() == 0 {
+            let current: i64 = sqlx::query_scalar("SELECT version FROM outbox_claim_window")
+                .fetch_one(&mut *tx)
+                .await?;
+            if current != version {
+                return Ok(None);
+            }
+        }
+        Ok(Some(Some(low)))
+    }
+}
+
+/// Whether `partition` holds a pending row (through its pending index).
+async fn pending_in(conn: &mut PgConnection, partition: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT EXISTS (SELECT 1 FROM {} WHERE published_at IS NULL AND dead_lettered_at IS NULL)",
+        quote_ident(partition)
+    )))
+    .fetch_one(conn)
+    .await
 }
 
 /// The pending and the dead-lettered rows of `partition` (both read

@@ -4,6 +4,8 @@
 
 use super::super::FastSet as HashSet;
 
+use std::time::{Duration, Instant};
+
 use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
@@ -25,10 +27,15 @@ use crate::source::extra::ExtraSelect;
 /// statement's plan was made, which a partitioned outbox's generic plans
 /// keep) the planner may otherwise scan every pending row and sort it, or
 /// hash the whole table or partition to mark a batch, once per claim.
+///
+/// JIT compilation is off too: a statement that cannot avoid a sequential
+/// scan then costs more than `jit_above_cost`, and compiling it would take
+/// hundreds of milliseconds of a claim that takes a few.
 macro_rules! planned_by_index {
     () => {
         "set_config('enable_sort', 'off', true), set_config('enable_hashjoin', 'off', true), \
-         set_config('enable_mergejoin', 'off', true), set_config('enable_seqscan', 'off', true)"
+         set_config('enable_mergejoin', 'off', true), set_config('enable_seqscan', 'off', true), \
+         set_config('jit', 'off', true)"
     };
 }
 pub(super) use planned_by_index;
@@ -97,35 +104,26 @@ pub(super) async fn claim(
     request: &ClaimRequest<'_>,
     settled: &Settled,
     read_: &Read,
+    window: Option<&Window>,
 ) -> Result<ClaimedRows, SourceError> {
-    let excluded = || request.excluded.iter().chain(&request.in_flight.held);
-    let types: Vec<&str> = excluded().map(|key| key.aggregate_type.as_str()).collect();
-    let ids: Vec<&str> = excluded().map(|key| key.aggregate_id.as_str()).collect();
     let in_flight = request.in_flight;
-    let head = match &request.shards {
-        None => {
-            sqlx::query(AssertSqlSafe(head_sql("", read_)))
-                .bind(request.limit as i64)
-                .bind(&types)
-                .bind(&ids)
-                .bind(&in_flight.seqs)
-                .fetch_all(&mut *conn)
-                .await?
-        }
-        Some(shards) => {
-            let shard_filter = format!(" AND {SHARD_OF_ROW} = ANY($6::bigint[])");
-            let sql = head_sql(&shard_filter, read_);
-            sqlx::query(AssertSqlSafe(sql))
-                .bind(request.limit as i64)
-                .bind(&types)
-                .bind(&ids)
-                .bind(&in_flight.seqs)
-                .bind(i64::from(shards.count))
-                .bind(&shards.owned)
-                .fetch_all(&mut *conn)
-                .await?
-        }
+    let bound = match window {
+        Some(window) => window.current(conn).await?,
+        None => Bound::default(),
     };
+    let mut head = head_rows(conn, request, read_, &bound).await?;
+    // Nothing found: maybe because a row became pending before the days
+    // the window names and reopened it since it was read (the statement
+    // then matches nothing), or maintenance settled more days. Read it
+    // again and, if it changed, the oldest rows again.
+    if head.is_empty()
+        && let Some(window) = window
+    {
+        let fresh = window.reload(conn).await?;
+        if fresh.version != bound.version && bound.low.is_some() {
+            head = head_rows(conn, request, read_, &fresh).await?;
+        }
+    }
     // A row that cannot be read is dead-lettered in this transaction and
     // left out (see `source/decode.rs`); its aggregate's later rows then
     // start after a hole, and are looked up below.
@@ -146,6 +144,113 @@ pub(super) async fn claim(
     }
     runs::claim_order(&plan, &mut records);
     Ok(ClaimedRows { records, held })
+}
+
+/// [`head_sql`]'s rows for `request`, from the days `bound` names.
+async fn head_rows(
+    conn: &mut PgConnection,
+    request: &ClaimRequest<'_>,
+    read_: &Read,
+    bound: &Bound,
+) -> Result<Vec<PgRow>, SourceError> {
+    let excluded = || request.excluded.iter().chain(&request.in_flight.held);
+    let types: Vec<&str> = excluded().map(|key| key.aggregate_type.as_str()).collect();
+    let ids: Vec<&str> = excluded().map(|key| key.aggregate_id.as_str()).collect();
+    let days = bound.filter();
+    let rows = match &request.shards {
+        None => {
+            sqlx::query(AssertSqlSafe(head_sql(&days, read_)))
+                .bind(request.limit as i64)
+                .bind(&types)
+                .bind(&ids)
+                .bind(&request.in_flight.seqs)
+                .fetch_all(&mut *conn)
+                .await?
+        }
+        Some(shards) => {
+            let filter = format!("{days} AND {SHARD_OF_ROW} = ANY($6::bigint[])");
+            sqlx::query(AssertSqlSafe(head_sql(&filter, read_)))
+                .bind(request.limit as i64)
+                .bind(&types)
+                .bind(&ids)
+                .bind(&request.in_flight.seqs)
+                .bind(i64::from(shards.count))
+                .bind(&shards.owned)
+                .fetch_all(&mut *conn)
+                .await?
+        }
+    };
+    Ok(rows)
+}
+
+/// The days the claims of a partitioned outbox read: from the claim
+/// window's lower bound on (`outbox_claim_window`, migration 0011), the
+/// days before it settled by partition maintenance, as last read.
+#[derive(Debug, Default)]
+pub(crate) struct Window {
+    /// The window as last read, and when.
+    last: std::sync::Mutex<Option<(Bound, Instant)>>,
+}
+
+/// How long a claim trusts the window it read last, under a load that
+/// never leaves a claim empty (an empty claim reads it again): days
+/// settled since are left out after this.
+const WINDOW_READ_AGAIN: Duration = Duration::from_secs(60);
+
+/// The claim window as read: its version and lower bound.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Bound {
+    version: i64,
+    /// The lower bound as a timestamp literal (UTC); `None`: every day.
+    low: Option<String>,
+}
+
+impl Bound {
+    /// The oldest rows' filter: rows created from the bound on, while the
+    /// window is still the one read, so that a row which became pending
+    /// before the bound (its trigger bumped the version) is never passed
+    /// over. Both are constants, so that the plan leaves the settled days'
+    /// partitions out. Empty for every day.
+    fn filter(&self) -> String {
+        match &self.low {
+            Some(low) => format!(
+                " AND created_at >= '{low}'::timestamptz \
+                 AND (SELECT version FROM outbox_claim_window WHERE only_row) = {}",
+                self.version
+            ),
+            None => String::new(),
+        }
+    }
+}
+
+impl Window {
+    /// The window as last read (read now the first time).
+    async fn current(&self, conn: &mut PgConnection) -> Result<Bound, sqlx::Error> {
+        let last = self.last.lock().expect("claim window lock").clone();
+        match last {
+            Some((bound, read_at)) if read_at.elapsed() < WINDOW_READ_AGAIN => Ok(bound),
+            _ => self.reload(conn).await,
+        }
+    }
+
+    /// Reads the window again.
+    async fn reload(&self, conn: &mut PgConnection) -> Result<Bound, sqlx::Error> {
+        let (version, low): (i64, Option<String>) = sqlx::query_as(
+            "SELECT version, CASE WHEN isfinite(low) THEN \
+               to_char(low AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') END \
+             FROM outbox_claim_window",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        // Written into the statement: digits and separators only.
+        let low = low.filter(|low| {
+            low.chars()
+                .all(|c| c.is_ascii_digit() || matches!(c, '-' | ':' | '.' | 'T' | 'Z'))
+        });
+        let bound = Bound { version, low };
+        *self.last.lock().expect("claim window lock") = Some((bound.clone(), Instant::now()));
+        Ok(bound)
+    }
 }
 
 /// Decodes claimed `rows`, dead-lettering in the claim's transaction those

@@ -60,6 +60,9 @@ pub struct PgDialect {
     /// a partitioned outbox), its creation time (when asked, see
     /// [`SourceOptions::creation_times`]) and the extra columns.
     read: claim::Read,
+    /// On a partitioned outbox with a claim window (migration 0011): the
+    /// days claims read.
+    window: Option<claim::Window>,
 }
 
 impl PostgresSource {
@@ -141,7 +144,15 @@ impl Dialect for PgDialect {
         let extra =
             crate::source::extra::select(&pool, &options.extra, &crate::source::extra::POSTGRES)
                 .await?;
+        let window = if partitioned {
+            sqlx::query_scalar("SELECT to_regclass('outbox_claim_window') IS NOT NULL")
+                .fetch_one(&pool)
+                .await?
+        } else {
+            false
+        };
         let dialect = Self {
+            window: window.then(claim::Window::default),
             listener: Mutex::new(None),
             settled: Arc::default(),
             partitioned,
@@ -182,7 +193,14 @@ impl Dialect for PgDialect {
         request: &ClaimRequest<'_>,
     ) -> Result<ClaimedRows, SourceError> {
         let dialect = source.dialect();
-        let claimed = claim::claim(conn, request, &dialect.settled, &dialect.read).await?;
+        let claimed = claim::claim(
+            conn,
+            request,
+            &dialect.settled,
+            &dialect.read,
+            dialect.window.as_ref(),
+        )
+        .await?;
         if !claimed.records.is_empty() {
             source.dialect().stop_watching().await;
         }
