@@ -1100,6 +1100,13 @@ async fn claims_leave_out_settled_days_and_a_row_pending_there_reopens_them() {
         "a pending row in a settled day reopens the window"
     );
     assert!(version > settled_version);
+    // Another, while the window is open: the version moves all the same,
+    // so that a maintenance settling days meanwhile gives up.
+    written.push(insert_at(&t, "led-3", &days_ago(&t, 4), false).await);
+    assert!(
+        claim_window(&t).await.1 > version,
+        "every pending row there bumps the version"
+    );
     drain_within_30s(&t, "a row written into a settled day").await;
     assert_eq!(partition_of(&t, &late).await, day_partition(-4));
 
@@ -1123,7 +1130,7 @@ async fn claims_leave_out_settled_days_and_a_row_pending_there_reopens_them() {
             written.join("', '")
         ))
         .await,
-        5
+        6
     );
     t.drop().await;
 }

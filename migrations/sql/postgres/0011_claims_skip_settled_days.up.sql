@@ -25,11 +25,17 @@ CREATE TABLE IF NOT EXISTS outbox_claim_window (
 );
 INSERT INTO outbox_claim_window DEFAULT VALUES ON CONFLICT DO NOTHING;
 
+-- Every pending row written into a watched partition bumps the version,
+-- even one the window already covers: a maintenance settling days
+-- meanwhile then finds the version changed and leaves the window as it is
+-- (it would otherwise move the window past a row it did not see), and a
+-- writer under REPEATABLE READ or SERIALIZABLE that raced with it fails
+-- to serialize instead of passing the window by.
 CREATE OR REPLACE FUNCTION outbox_claim_window_reopen()
 RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE outbox_claim_window SET version = version + 1, low = '-infinity'
-    WHERE NEW.created_at < low;
+    UPDATE outbox_claim_window SET version = version + 1,
+        low = CASE WHEN NEW.created_at < low THEN '-infinity'::timestamptz ELSE low END;
     RETURN NULL;
 END
 $$;
@@ -47,12 +53,17 @@ BEGIN
             'CREATE TRIGGER outbox_claim_window AFTER INSERT OR UPDATE ON %I '
             'FOR EACH ROW WHEN (NEW.published_at IS NULL AND NEW.dead_lettered_at IS NULL) '
             'EXECUTE FUNCTION outbox_claim_window_reopen()', partition);
+        -- Also where rows are applied as a replica (a logical subscriber,
+        -- a restore without triggers).
+        EXECUTE format('ALTER TABLE %I ENABLE ALWAYS TRIGGER outbox_claim_window', partition);
     END IF;
 END
 $$;
 
 -- As `0008_partition_outbox`, and a day created before the claim window
--- (for rows the default partition caught) is watched as a settled day.
+-- (for rows the default partition caught) is watched as a settled day;
+-- under the maintenance lock (an advisory lock of the wake-up key's
+-- family, slot 100), so that no maintenance moves the window meanwhile.
 CREATE OR REPLACE FUNCTION outbox_create_day_partition(day date)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
@@ -60,6 +71,7 @@ DECLARE
     day_start timestamptz := day::timestamp AT TIME ZONE 'UTC';
     day_end timestamptz := (day + 1)::timestamp AT TIME ZONE 'UTC';
 BEGIN
+    PERFORM pg_advisory_xact_lock(1869968482, 100);
     IF EXISTS (
         SELECT 1 FROM outbox_partitions() AS p
         WHERE NOT p.is_default

@@ -182,7 +182,10 @@ impl Store for PgStore {
             .and_utc();
         let mut tx = self.0.begin().await.map_err(PartitionError::query(what))?;
         let settled = Self::settle_days_in(&mut tx, yesterday).await;
-        if is_lock_timeout(&settled) {
+        // 40P01: a deadlock with a writer, which PostgreSQL ended here.
+        let deadlocked = matches!(&settled, Err(sqlx::Error::Database(error))
+            if error.code().as_deref() == Some("40P01"));
+        if is_lock_timeout(&settled) || deadlocked {
             tracing::info!(
                 "the outbox was busy; its oldest days are settled at the next maintenance"
             );
@@ -310,13 +313,22 @@ impl PgStore {
         }
         // A day is watched before the window leaves it out: under a lock
         // that keeps writers out of it, none of its rows is pending, and
-        // from then on its trigger reopens the window for any that becomes
-        // pending.
+        // from then on its trigger bumps the window's version for any that
+        // becomes pending, so the update below finds it changed. A table
+        // watched already needs no lock: a row made pending there since the
+        // version was read changed it.
+        let default_watched: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_trigger \
+               WHERE tgrelid = 'outbox_default'::regclass AND tgname = 'outbox_claim_window')",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        let default = (!default_watched).then_some("outbox_default");
         for table in settled
             .iter()
             .filter(|day| !day.watched)
             .map(|day| day.name.as_str())
-            .chain(["outbox_default"])
+            .chain(default)
         {
             sqlx::query(AssertSqlSafe(format!(
                 "LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE",
@@ -333,8 +345,8 @@ impl PgStore {
                 .await?;
         }
         // Rows of the default partition before the window would be missed:
-        // none may be pending (checked under its lock), and its trigger
-        // reopens the window for new ones.
+        // none may be pending now (a row written since the version was
+        // read bumped it), and its trigger reopens the window for new ones.
         let default_pending: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM outbox_default WHERE created_at < $1 \
                AND published_at IS NULL AND dead_lettered_at IS NULL)",
