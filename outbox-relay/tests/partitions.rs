@@ -1015,6 +1015,17 @@ async fn drain_within_30s(t: &TestDb, why: &str) {
     relay.terminate();
 }
 
+/// Creates the partitions of the days `days` days before today (UTC).
+async fn create_past_days(t: &TestDb, days: std::ops::RangeInclusive<i64>) {
+    for days in days {
+        t.db.execute_unprepared(&format!(
+            "SELECT outbox_create_day_partition(((now() AT TIME ZONE 'UTC')::date - {days}))"
+        ))
+        .await
+        .expect("create a past day");
+    }
+}
+
 /// The claim window's lower bound (`None`: -infinity) and version.
 async fn claim_window(t: &TestDb) -> (Option<String>, i64) {
     let row =
@@ -1042,13 +1053,7 @@ async fn claim_window(t: &TestDb) -> (Option<String>, i64) {
 async fn claims_leave_out_settled_days_and_a_row_pending_there_reopens_them() {
     let t = TestDb::new(Backend::Postgres).await;
     migrate_partitioned(&t);
-    for days in 2..=5 {
-        t.db.execute_unprepared(&format!(
-            "SELECT outbox_create_day_partition(((now() AT TIME ZONE 'UTC')::date - {days}))"
-        ))
-        .await
-        .expect("create a past day");
-    }
+    create_past_days(&t, 2..=5).await;
     // Day -4 holds a published row, day -3 a dead letter.
     let published = insert_at(&t, "led-1", &days_ago(&t, 4), false).await;
     t.db.execute_unprepared(&format!(
@@ -1144,13 +1149,7 @@ async fn claims_leave_out_settled_days_and_a_row_pending_there_reopens_them() {
 async fn a_row_reopening_the_window_goes_out_before_its_aggregates_later_rows() {
     let t = TestDb::new(Backend::Postgres).await;
     migrate_partitioned(&t);
-    for days in 2..=4 {
-        t.db.execute_unprepared(&format!(
-            "SELECT outbox_create_day_partition(((now() AT TIME ZONE 'UTC')::date - {days}))"
-        ))
-        .await
-        .expect("create a past day");
-    }
+    create_past_days(&t, 2..=4).await;
     maintain_retaining(&t, "30d");
     assert!(claim_window(&t).await.0.is_some(), "days settled");
     let mut relay = RelayProcess::spawn(

@@ -269,6 +269,8 @@ struct Day {
     lower_bound: Option<DateTime<Utc>>,
     /// `None`: unbounded above.
     upper_bound: Option<DateTime<Utc>>,
+    /// The default partition.
+    is_default: bool,
     /// Whether it has the trigger that reopens the claim window.
     watched: bool,
 }
@@ -286,14 +288,20 @@ impl PgStore {
         let version: i64 = sqlx::query_scalar("SELECT version FROM outbox_claim_window")
             .fetch_one(&mut *tx)
             .await?;
-        let days: Vec<Day> = sqlx::query_as(
-            "SELECT p.name, p.lower_bound, p.upper_bound, EXISTS (SELECT 1 FROM pg_trigger AS t \
-               WHERE t.tgrelid = to_regclass(p.name) AND t.tgname = 'outbox_claim_window') \
-               AS watched \
-               FROM outbox_partitions() AS p WHERE NOT p.is_default ORDER BY p.lower_bound NULLS FIRST",
+        // In range order, the default partition last.
+        let mut days: Vec<Day> = sqlx::query_as(
+            "SELECT p.name, p.lower_bound, p.upper_bound, p.is_default, \
+               EXISTS (SELECT 1 FROM pg_trigger AS t WHERE t.tgrelid = to_regclass(p.name) \
+                 AND t.tgname = 'outbox_claim_window') AS watched \
+             FROM outbox_partitions() AS p ORDER BY p.is_default, p.lower_bound NULLS FIRST",
         )
         .fetch_all(&mut *tx)
         .await?;
+        let default = days
+            .last()
+            .is_some_and(|day| day.is_default)
+            .then(|| days.pop())
+            .flatten();
         // The oldest days, up to the first with a pending row, among those
         // ended by the start of yesterday: a transaction that began before
         // midnight writes into yesterday.
@@ -317,18 +325,11 @@ impl PgStore {
         // becomes pending, so the update below finds it changed. A table
         // watched already needs no lock: a row made pending there since the
         // version was read changed it.
-        let default_watched: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_trigger \
-               WHERE tgrelid = 'outbox_default'::regclass AND tgname = 'outbox_claim_window')",
-        )
-        .fetch_one(&mut *tx)
-        .await?;
-        let default = (!default_watched).then_some("outbox_default");
         for table in settled
-            .iter()
+            .into_iter()
+            .chain(&default)
             .filter(|day| !day.watched)
             .map(|day| day.name.as_str())
-            .chain(default)
         {
             sqlx::query(AssertSqlSafe(format!(
                 "LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE",
@@ -358,23 +359,17 @@ impl PgStore {
             return Ok(None);
         }
         // Unchanged since read: no trigger reopened the window meanwhile.
+        // The version moves only with the bound.
         let moved = sqlx::query(
-            "UPDATE outbox_claim_window SET version = version + 1, low = $1 \
-               WHERE version = $2 AND low IS DISTINCT FROM $1",
+            "UPDATE outbox_claim_window SET low = $1, \
+               version = version + CASE WHEN low IS DISTINCT FROM $1 THEN 1 ELSE 0 END \
+             WHERE version = $2",
         )
         .bind(low)
         .bind(version)
         .execute(&mut *tx)
         .await?;
-        if moved.rows_affected() == 0 {
-            let current: i64 = sqlx::query_scalar("SELECT version FROM outbox_claim_window")
-                .fetch_one(&mut *tx)
-                .await?;
-            if current != version {
-                return Ok(None);
-            }
-        }
-        Ok(Some(Some(low)))
+        Ok((moved.rows_affected() == 1).then_some(Some(low)))
     }
 }
 

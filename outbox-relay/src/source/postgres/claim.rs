@@ -156,30 +156,20 @@ async fn head_rows(
     let excluded = || request.excluded.iter().chain(&request.in_flight.held);
     let types: Vec<&str> = excluded().map(|key| key.aggregate_type.as_str()).collect();
     let ids: Vec<&str> = excluded().map(|key| key.aggregate_id.as_str()).collect();
-    let days = bound.filter();
-    let rows = match &request.shards {
-        None => {
-            sqlx::query(AssertSqlSafe(head_sql(&days, read_)))
-                .bind(request.limit as i64)
-                .bind(&types)
-                .bind(&ids)
-                .bind(&request.in_flight.seqs)
-                .fetch_all(&mut *conn)
-                .await?
-        }
-        Some(shards) => {
-            let filter = format!("{days} AND {SHARD_OF_ROW} = ANY($6::bigint[])");
-            sqlx::query(AssertSqlSafe(head_sql(&filter, read_)))
-                .bind(request.limit as i64)
-                .bind(&types)
-                .bind(&ids)
-                .bind(&request.in_flight.seqs)
-                .bind(i64::from(shards.count))
-                .bind(&shards.owned)
-                .fetch_all(&mut *conn)
-                .await?
-        }
+    let filter = match &request.shards {
+        None => bound.filter(),
+        Some(_) => format!("{} AND {SHARD_OF_ROW} = ANY($6::bigint[])", bound.filter()),
     };
+    let sql = head_sql(&filter, read_);
+    let mut query = sqlx::query(AssertSqlSafe(sql))
+        .bind(request.limit as i64)
+        .bind(&types)
+        .bind(&ids)
+        .bind(&request.in_flight.seqs);
+    if let Some(shards) = &request.shards {
+        query = query.bind(i64::from(shards.count)).bind(&shards.owned);
+    }
+    let rows = query.fetch_all(&mut *conn).await?;
     Ok(rows)
 }
 
