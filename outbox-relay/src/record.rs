@@ -1,5 +1,7 @@
 //! [`OutboxRecord`]: a pending outbox row claimed by the relay.
 
+use std::sync::Arc;
+
 /// One claimed outbox row, as every source reads it (the claim queries name
 /// their columns after these fields).
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -35,15 +37,25 @@ pub struct OutboxRecord {
     /// and SQLite claims, CDC mode and replay always.
     #[sqlx(default)]
     pub created_at: Option<String>,
-    /// The partition holding the row (its name as SQL reads it): read by
-    /// the PostgreSQL claim on a partitioned outbox, whose marks then go
-    /// to that partition alone, by id and `seq`; `None` elsewhere.
-    #[sqlx(default)]
-    pub partition: Option<String>,
+    /// The partition holding the row: read by the PostgreSQL claim on a
+    /// partitioned outbox, whose marks then go to that partition alone, by
+    /// id and `seq`; `None` elsewhere.
+    #[sqlx(skip)]
+    pub partition: Option<Partition>,
     /// The extra columns asked for (see [`crate::source::extra`]), as
     /// JSON text, `None` for NULL.
     #[sqlx(skip)]
     pub extra: Vec<Option<String>>,
+}
+
+/// The partition a claimed row is in (a partitioned PostgreSQL outbox).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    /// Its oid, the row's `tableoid`.
+    pub oid: i64,
+    /// Its name as SQL reads it, which the claim looks up by oid; `None`
+    /// until then.
+    pub name: Option<Arc<str>>,
 }
 
 /// A pending `Order` row of `aggregate` with an empty payload, after

@@ -20,7 +20,7 @@ use sqlx::{Column, ColumnIndex, Decode, Row, Type, TypeInfo, ValueRef};
 
 use super::SourceError;
 use super::runs::{Head, RunRow};
-use crate::record::OutboxRecord;
+use crate::record::{OutboxRecord, Partition};
 
 /// A claimed row that cannot be read: dead-lettered by `seq`, with
 /// `reason`, and left out of the batch.
@@ -240,7 +240,7 @@ where
             None => None,
         },
         partition: match columns.partition.index {
-            Some(_) => optional(row, columns.partition)?,
+            Some(_) => optional(row, columns.partition)?.map(|oid| Partition { oid, name: None }),
             None => None,
         },
         extra: columns

@@ -2,8 +2,10 @@
 //! from them (`source/runs.rs`), then the aggregates whose rows there are
 //! not provably their earliest looked up in `aggregate_seq` order.
 
+use super::super::FastMap;
 use super::super::FastSet as HashSet;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnection, PgRow};
@@ -127,7 +129,7 @@ pub(super) async fn claim(
     // A row that cannot be read is dead-lettered in this transaction and
     // left out (see `source/decode.rs`); its aggregate's later rows then
     // start after a hole, and are looked up below.
-    let head = read(conn, &head).await?;
+    let head = read(conn, &head, read_).await?;
     let plan = runs::plan(&head, in_flight, settled);
     let mut records = head;
     let mut held = Vec::new();
@@ -135,7 +137,7 @@ pub(super) async fn claim(
         let taken: HashSet<i64> = plan.rows.iter().copied().collect();
         records.retain(|record| taken.contains(&record.seq));
         let looked_up = look_up(conn, &plan.lookups, read_).await?;
-        records.extend(read(conn, &looked_up).await?);
+        records.extend(read(conn, &looked_up, read_).await?);
         held = plan
             .lookups
             .iter()
@@ -244,11 +246,95 @@ impl Window {
 }
 
 /// Decodes claimed `rows`, dead-lettering in the claim's transaction those
-/// that cannot be read.
-async fn read(conn: &mut PgConnection, rows: &[PgRow]) -> Result<Vec<OutboxRecord>, SourceError> {
-    let decoded = decode::records(rows)?;
+/// that cannot be read, and names their partitions.
+async fn read(
+    conn: &mut PgConnection,
+    rows: &[PgRow],
+    read_: &Read,
+) -> Result<Vec<OutboxRecord>, SourceError> {
+    let mut decoded = decode::records(rows)?;
     park::<PgDialect>(conn, &decoded.undecodable, false).await?;
+    if let Some(names) = &read_.partition {
+        names.name(conn, &mut decoded.rows).await?;
+    }
     Ok(decoded.rows)
+}
+
+/// The names of a partitioned outbox's partitions by oid, as claims found
+/// them. A claim reads each row's partition as its oid (`tableoid`), not
+/// as its name (`tableoid::regclass::text`, which the server would format
+/// for every row), and looks up the names of oids it has not seen.
+///
+/// An oid names one table until the table is dropped, and a dropped
+/// partition's oid comes back only after the server has handed out its
+/// other 2^32 - 1 oids; names are forgotten after [`PartitionNames::KEPT`]
+/// all the same. A name looked up in a claim is that of the table holding
+/// the rows the claim locked, which no detach or drop takes away before
+/// the claim's transaction ends.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PartitionNames(Arc<Mutex<Names>>);
+
+#[derive(Debug, Default)]
+struct Names {
+    /// When the oldest of `by_oid` was looked up.
+    since: Option<Instant>,
+    by_oid: FastMap<i64, Arc<str>>,
+}
+
+impl PartitionNames {
+    /// How long names are kept.
+    const KEPT: Duration = Duration::from_secs(600);
+
+    /// Names the partition of each of `records`, looking up in `conn`
+    /// those not known.
+    async fn name(
+        &self,
+        conn: &mut PgConnection,
+        records: &mut [OutboxRecord],
+    ) -> Result<(), SourceError> {
+        let unknown = self.name_known(records);
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let found: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT o.oid, o.oid::oid::regclass::text FROM unnest($1::int8[]) AS o(oid)",
+        )
+        .bind(&unknown)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut names = self.0.lock().expect("partition names lock");
+        names.since.get_or_insert_with(Instant::now);
+        names
+            .by_oid
+            .extend(found.into_iter().map(|(oid, name)| (oid, Arc::from(name))));
+        drop(names);
+        self.name_known(records);
+        Ok(())
+    }
+
+    /// Names the partitions of `records` whose names are known; returns
+    /// the oids of the others.
+    fn name_known(&self, records: &mut [OutboxRecord]) -> Vec<i64> {
+        let mut names = self.0.lock().expect("partition names lock");
+        if names
+            .since
+            .is_some_and(|since| since.elapsed() > Self::KEPT)
+        {
+            *names = Names::default();
+        }
+        let mut unknown = Vec::new();
+        for partition in records
+            .iter_mut()
+            .filter_map(|record| record.partition.as_mut())
+        {
+            match names.by_oid.get(&partition.oid) {
+                Some(name) => partition.name = Some(name.clone()),
+                None if !unknown.contains(&partition.oid) => unknown.push(partition.oid),
+                None => {}
+            }
+        }
+        unknown
+    }
 }
 
 /// The columns of a claimed row (the id as `uuid`, converted at the end),
@@ -265,11 +351,11 @@ pub(crate) struct Read {
     /// Each row's creation time as PostgreSQL writes it, for CloudEvents'
     /// `time`; NULL otherwise (see [`OutboxRecord::created_at`]).
     pub created_at: bool,
-    /// Each row's partition (`tableoid`): read on a partitioned outbox,
-    /// whose marks then update each partition on its own, by id and `seq`
-    /// (one through the partitioned table opens every partition); NULL
-    /// otherwise.
-    pub partition: bool,
+    /// Each row's partition (`tableoid`), named through these names: read
+    /// on a partitioned outbox, whose marks then update each partition on
+    /// its own, by id and `seq` (one through the partitioned table opens
+    /// every partition); NULL otherwise.
+    pub partition: Option<PartitionNames>,
     /// The extra columns (see [`crate::source::extra`]).
     pub extra: ExtraSelect,
 }
@@ -282,10 +368,10 @@ impl Read {
         } else {
             "NULL::text AS created_at"
         };
-        let partition = if self.partition {
-            "tableoid::regclass::text AS partition"
+        let partition = if self.partition.is_some() {
+            "tableoid::int8 AS partition"
         } else {
-            "NULL::text AS partition"
+            "NULL::int8 AS partition"
         };
         format!("{created_at}, {partition}{}", self.extra.items)
     }

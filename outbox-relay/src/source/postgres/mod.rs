@@ -158,7 +158,7 @@ impl Dialect for PgDialect {
             partitioned,
             read: claim::Read {
                 created_at: options.creation_times,
-                partition: partitioned,
+                partition: partitioned.then(claim::PartitionNames::default),
                 extra,
             },
         };
@@ -273,7 +273,7 @@ impl Marking<PgDialect> for PgDialect {
             .iter()
             .filter_map(|record| {
                 let place = Place::Partition {
-                    name: record.partition.as_deref()?,
+                    name: record.partition.as_ref()?.name.as_deref()?,
                     seq: record.seq,
                 };
                 Some((record.id.as_str(), place))
