@@ -315,6 +315,7 @@ where
     for<'q> i64: Encode<'q, DB> + Decode<'q, DB> + Type<DB>,
     for<'q> i32: Decode<'q, DB> + Type<DB>,
     for<'q> f64: Decode<'q, DB> + Type<DB>,
+    for<'q> uuid::Uuid: Decode<'q, DB> + Type<DB>,
     for<'q> String: Decode<'q, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
     for<'a> &'a str: ColumnIndex<DB::Row>,

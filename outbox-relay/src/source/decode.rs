@@ -98,6 +98,7 @@ where
     for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> uuid::Uuid: Decode<'r, R::Database> + Type<R::Database>,
 {
     let columns = RecordColumns::of(rows.first());
     let run_position = Place::of(rows.first(), "run_position");
@@ -119,6 +120,7 @@ where
     for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> uuid::Uuid: Decode<'r, R::Database> + Type<R::Database>,
 {
     let columns = RecordColumns::of(rows.first());
     decode_each(rows, "seq", |row| record(row, &columns))
@@ -217,9 +219,10 @@ where
     for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> uuid::Uuid: Decode<'r, R::Database> + Type<R::Database>,
 {
     Ok(OutboxRecord {
-        id: required(row, columns.id)?,
+        id: id(row, columns.id)?,
         aggregate_type: required(row, columns.aggregate_type)?,
         aggregate_id: required(row, columns.aggregate_id)?,
         event_type: required(row, columns.event_type)?,
@@ -249,6 +252,33 @@ where
             .map(|place| optional::<R, String>(row, *place))
             .collect::<Result<_, _>>()?,
     })
+}
+
+/// The id: text as the table holds it, or a `uuid` (PostgreSQL claims read
+/// it as it is stored, sparing the server a conversion per row) written
+/// out as PostgreSQL writes it, in lowercase hyphenated form.
+fn id<R>(row: &R, column: Place<'_>) -> Result<String, String>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> uuid::Uuid: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let is_uuid = match column.index {
+        Some(index) => row.try_get_raw(index),
+        None => row.try_get_raw(column.name),
+    }
+    .is_ok_and(|value| {
+        let found = value.type_info();
+        !value.is_null() && !String::compatible(&found) && uuid::Uuid::compatible(&found)
+    });
+    if is_uuid {
+        let id: uuid::Uuid = required(row, column)?;
+        Ok(id.hyphenated().to_string())
+    } else {
+        required(row, column)
+    }
 }
 
 /// A column that must not be NULL.

@@ -337,8 +337,8 @@ impl PartitionNames {
     }
 }
 
-/// The columns of a claimed row (the id as `uuid`, converted at the end),
-/// but its creation time. An infinite `created_at` (which cannot be
+/// The columns of a claimed row but its creation time; the id as a `uuid`,
+/// which the relay writes out as text (see `decode::id`). An infinite `created_at` (which cannot be
 /// subtracted) has age 0.
 const CLAIMED_COLUMNS: &str = "id, aggregatetype, aggregateid, type, \
      payload::text AS payload, event_version, aggregate_seq, traceparent, seq, attempts, \
@@ -383,10 +383,10 @@ fn pending(table: &str) -> String {
 }
 
 /// Claimed rows (`claimed`, selecting [`CLAIMED_COLUMNS`] and `read`'s
-/// items) as read, the id as text.
+/// items) as read.
 fn as_read(claimed: &str, read_: &Read) -> String {
     format!(
-        "SELECT id::text AS id, aggregatetype, aggregateid, type, payload, event_version, \
+        "SELECT id, aggregatetype, aggregateid, type, payload, event_version, \
            aggregate_seq, traceparent, seq, attempts, age_at_claim, created_at, partition{} \
          FROM ({claimed}) AS claimed",
         read_.extra.names
