@@ -280,7 +280,8 @@ pub trait Claim: Send {
 /// What happens to each row of a claim once the sink has answered.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Settlement {
-    /// Acknowledged by the sink: marked published (or deleted).
+    /// Acknowledged by the sink: marked published (or deleted). Each of
+    /// the claim's rows at most once, in claim order.
     pub published: Vec<String>,
     /// Refused by the sink: `attempts` + 1 and `last_error` recorded.
     pub failed: Vec<FailedRow>,
