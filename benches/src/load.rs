@@ -28,18 +28,20 @@ pub async fn load(
     aggregates: usize,
     state: RowState,
 ) -> Result<(), sqlx::Error> {
-    load_over_days(pool, count, aggregates, state, 1).await
+    load_over_days(pool, count, aggregates, state, 1, 0).await
 }
 
 /// As [`load`], the rows written 1 to `days` days ago, round-robin (one
 /// day partition each on a partitioned outbox): published history of
-/// `days` days.
+/// `days` days. Each aggregate's rows are numbered (`aggregate_seq`) from
+/// `after` + 1.
 pub async fn load_over_days(
     pool: &PgPool,
     count: usize,
     aggregates: usize,
     state: RowState,
     days: usize,
+    after: i64,
 ) -> Result<(), sqlx::Error> {
     let aggregates = aggregates.max(1);
     let days = days.max(1);
@@ -56,7 +58,7 @@ pub async fn load_over_days(
             aggregate_ids.push((n % aggregates).to_string());
             payloads
                 .push(serde_json::to_string(&order_placed(n as i64)).expect("an order serializes"));
-            sequences.push((n / aggregates) as i64 + 1);
+            sequences.push(after + (n / aggregates) as i64 + 1);
         }
         sqlx::query(
             "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, event_version, \

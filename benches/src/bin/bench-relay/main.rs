@@ -18,7 +18,7 @@
 //! `127.0.0.1:9092`, started with `scripts/kafka.sh start`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -158,6 +158,11 @@ struct Bench {
     db: DatabaseConnection,
     source: Arc<dyn Source>,
     kafka: Arc<dyn Sink>,
+    /// The number of the last pending row loaded for each aggregate: the
+    /// next load's rows continue from there, as an aggregate's
+    /// `aggregate_seq` does, so a relay that settled the previous load's
+    /// rows knows where each aggregate stands.
+    numbered: AtomicI64,
 }
 
 /// One drain of the pending rows.
@@ -367,11 +372,16 @@ impl Bench {
 
     /// Loads `self.options.events` pending rows on top of what is there.
     async fn load_more_pending(&self) -> anyhow::Result<()> {
-        load::load(
+        let aggregates = self.options.aggregates.max(1);
+        let per_aggregate = self.options.events.div_ceil(aggregates) as i64;
+        let after = self.numbered.fetch_add(per_aggregate, Ordering::Relaxed);
+        load::load_over_days(
             &self.pool,
             self.options.events,
-            self.options.aggregates,
+            aggregates,
             RowState::Pending,
+            1,
+            after,
         )
         .await
         .context("loading pending rows")?;
@@ -491,6 +501,7 @@ impl Bench {
             self.options.aggregates,
             RowState::Published,
             self.options.history_days,
+            0,
         )
         .await
         .context("loading published history")?;
@@ -532,6 +543,7 @@ impl Bench {
             options.aggregates,
             RowState::Published,
             options.history_days,
+            0,
         )
         .await
         .context("loading published history")?;
@@ -900,6 +912,7 @@ async fn run(
         db: schema.db.clone(),
         source,
         kafka,
+        numbered: AtomicI64::new(0),
     };
     let mut results = Results {
         machine,
