@@ -374,6 +374,37 @@ impl MigrationTrait for ClaimsSkipSettledDays {
     }
 }
 
+/// PostgreSQL, on an outbox partitioned by [`PartitionOutbox`]: one
+/// partition maintenance at a time per outbox instead of per database, so
+/// that outboxes in other schemas of one database never wait for each
+/// other's maintenance. Nothing on MariaDB/MySQL.
+pub struct MaintenanceLockPerOutbox;
+
+impl MigrationName for MaintenanceLockPerOutbox {
+    fn name(&self) -> &str {
+        "m20261206_000012_maintenance_lock_per_outbox"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for MaintenanceLockPerOutbox {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_on_postgres(
+            manager,
+            include_str!("../sql/postgres/0012_maintenance_lock_per_outbox.up.sql"),
+        )
+        .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_on_postgres(
+            manager,
+            include_str!("../sql/postgres/0012_maintenance_lock_per_outbox.down.sql"),
+        )
+        .await
+    }
+}
+
 /// Runs a migration of the partitioned outbox; on SQLite, an error that
 /// says why there is none.
 async fn run_partitioned(manager: &SchemaManager<'_>, sql: &Sql) -> Result<(), DbErr> {
@@ -443,6 +474,7 @@ impl MigratorTrait for PartitionedMigrator {
         migrations.push(Box::new(PartitionOutbox));
         migrations.push(Box::new(PartitionCreationWaitsForClaims));
         migrations.push(Box::new(ClaimsSkipSettledDays));
+        migrations.push(Box::new(MaintenanceLockPerOutbox));
         // In the order of their names, as they were released.
         migrations.sort_by(|a, b| a.name().cmp(b.name()));
         migrations

@@ -1194,3 +1194,38 @@ async fn a_row_reopening_the_window_goes_out_before_its_aggregates_later_rows() 
     );
     t.drop().await;
 }
+
+/// One PostgreSQL database, two partitioned outboxes (two schemas): a
+/// maintenance of one in progress (its transaction open after
+/// `outbox_create_partitions`) leaves the other's maintenance free to move
+/// rows out of its default partition. The maintenance lock names its
+/// outbox; a lock of the whole database would make the second wait past
+/// its timeout and leave its days for the next run.
+#[tokio::test(flavor = "multi_thread")]
+async fn maintenances_of_outboxes_in_other_schemas_never_wait_for_each_other() {
+    use sea_orm::TransactionTrait;
+
+    let t = TestDb::new(Backend::Postgres).await;
+    let other = TestDb::new(Backend::Postgres).await;
+    migrate_partitioned(&t);
+    migrate_partitioned(&other);
+    let id = insert_at(&t, "old-1", &days_ago(&t, 10), false).await;
+    assert_eq!(partition_of(&t, &id).await, "outbox_default");
+
+    let running = other.db.begin().await.expect("the other maintenance");
+    running
+        .execute_unprepared("SELECT outbox_create_partitions(7)")
+        .await
+        .expect("the other outbox's maintenance");
+    let (code, stdout, stderr) = relay_command(
+        &t,
+        &["partitions", "maintain", "--retain", "365d", "--json"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let done: Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(done["created"].as_i64(), Some(1), "{done}\n{stderr}");
+    assert_eq!(partition_of(&t, &id).await, day_partition(-10));
+    running.commit().await.expect("the other maintenance ends");
+    other.drop().await;
+    t.drop().await;
+}

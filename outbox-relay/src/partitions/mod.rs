@@ -87,10 +87,12 @@ pub async fn connect(url: &str) -> Result<Option<Box<dyn Store>>, SourceError> {
 /// behind a waiting drop for at most this long).
 pub const DROP_LOCK_TIMEOUT: Duration = Duration::from_millis(1000);
 
-/// PostgreSQL: the advisory lock (key, slot) one maintenance holds at a
-/// time, in the family of the wake-up slots
-/// ([`crate::contract::wakeup::LOCK_KEY`]).
-pub const MAINTENANCE_LOCK: (i32, i32) = (crate::contract::wakeup::LOCK_KEY, 100);
+/// PostgreSQL: the advisory lock one maintenance of an outbox holds at a
+/// time, `MAINTENANCE_LOCK | <the outbox's oid>` (see [`outbox_lock_key`];
+/// migration 0012): the key one above the wake-up key
+/// ([`crate::contract::wakeup::LOCK_KEY`]) in the upper half. Outboxes in
+/// other schemas have locks of their own.
+pub const MAINTENANCE_LOCK: i64 = (crate::contract::wakeup::LOCK_KEY as i64 + 1) << 32;
 
 /// PostgreSQL: the advisory lock every claim holds shared for its
 /// transaction, and a drop exclusively before it locks the outbox: the
@@ -98,18 +100,21 @@ pub const MAINTENANCE_LOCK: (i32, i32) = (crate::contract::wakeup::LOCK_KEY, 100
 /// for it before they lock anything), so writers queue behind the drop's
 /// lock for the time a claim takes, never behind a claim that waits for
 /// them. One lock per outbox table: the single 64-bit key
-/// [`drop_lock_key`] computes, this key in its high half and the table's
+/// [`outbox_lock_key`] computes, this key in its high half and the table's
 /// oid in its low half (a key space apart from the two-key locks).
 pub const DROP_LOCK: i64 = (crate::contract::wakeup::LOCK_KEY as i64) << 32;
 
-/// [`DROP_LOCK`]'s key for the outbox the session's search path finds,
-/// with [`DROP_LOCK`] bound as `$n`.
-pub fn drop_lock_key(n: usize) -> String {
+/// [`DROP_LOCK`]'s or [`MAINTENANCE_LOCK`]'s key for the outbox the
+/// session's search path finds, with that constant bound as `$n`.
+pub fn outbox_lock_key(n: usize) -> String {
     format!("(${n}::bigint | 'outbox'::regclass::oid::bigint)")
 }
 
-/// MariaDB/MySQL: the named lock one maintenance holds at a time.
-pub const MAINTENANCE_LOCK_NAME: &str = "outbox_partition_maintenance";
+/// MariaDB/MySQL: the named lock one maintenance of an outbox holds at a
+/// time is this prefix and the MD5 of the database's name (61 characters,
+/// within the server's 64): named locks are the server's, and outboxes in
+/// other databases have locks of their own.
+pub const MAINTENANCE_LOCK_NAME: &str = "outbox_partition_maintenance_";
 
 /// Why listing or maintaining partitions failed.
 #[derive(Debug, thiserror::Error)]

@@ -75,12 +75,13 @@ impl MySqlStore {
             .await
             .map_err(PartitionError::query(what))?
             .detach();
-        let taken: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
-            .bind(MAINTENANCE_LOCK_NAME)
-            .bind(MAINTENANCE_WAIT_SECONDS)
-            .fetch_one(&mut conn)
-            .await
-            .map_err(PartitionError::query(what))?;
+        let taken: Option<i64> =
+            sqlx::query_scalar("SELECT GET_LOCK(CONCAT(?, MD5(DATABASE())), ?)")
+                .bind(MAINTENANCE_LOCK_NAME)
+                .bind(MAINTENANCE_WAIT_SECONDS)
+                .fetch_one(&mut conn)
+                .await
+                .map_err(PartitionError::query(what))?;
         if taken != Some(1) {
             return Err(PartitionError::query(what)(sqlx::Error::Protocol(format!(
                 "another maintenance held it for {MAINTENANCE_WAIT_SECONDS}s"

@@ -26,12 +26,14 @@ fn is_lock_timeout<T>(result: &Result<T, sqlx::Error>) -> bool {
 /// [`DROP_LOCK_TIMEOUT`] (which then bounds every lock the transaction
 /// waits for).
 async fn take_maintenance_lock(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2, $3)")
-        .bind(format!("{}ms", DROP_LOCK_TIMEOUT.as_millis()))
-        .bind(MAINTENANCE_LOCK.0)
-        .bind(MAINTENANCE_LOCK.1)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock({})",
+        super::outbox_lock_key(2)
+    )))
+    .bind(format!("{}ms", DROP_LOCK_TIMEOUT.as_millis()))
+    .bind(MAINTENANCE_LOCK)
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 
@@ -44,7 +46,7 @@ async fn lock_out_claims(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
     take_maintenance_lock(conn).await?;
     let drop_lock = sqlx::query(AssertSqlSafe(format!(
         "SELECT pg_advisory_xact_lock({})",
-        super::drop_lock_key(1)
+        super::outbox_lock_key(1)
     )))
     .bind(DROP_LOCK)
     .execute(&mut *conn)

@@ -68,7 +68,7 @@ pub(super) async fn begin(
          set_config('lock_timeout', '5s', true), ",
         planned_by_index!()
     );
-    let key = crate::partitions::drop_lock_key(2);
+    let key = crate::partitions::outbox_lock_key(2);
     if ahead {
         let sql = format!("{SETTINGS}, pg_try_advisory_xact_lock_shared({key}) AS locked");
         let row = sqlx::query(AssertSqlSafe(sql))
