@@ -231,6 +231,19 @@ impl Store for PgStore {
             Err(error) if PartitionError::is_vanished(&error) => return Ok(Outcome::Gone),
             Err(error) => return Err(PartitionError::query(what)(error)),
         }
+        // Another maintenance may have detached it after this one listed
+        // it, and not dropped it yet (it drops after its commit).
+        let attached: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_inherits \
+               WHERE inhrelid = to_regclass($1) AND inhparent = 'outbox'::regclass)",
+        )
+        .bind(quote_ident(partition))
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(PartitionError::query(what))?;
+        if !attached {
+            return Ok(Outcome::Gone);
+        }
         let Some((pending, dead_letters)) = unpublished(&mut *tx, partition).await? else {
             return Ok(Outcome::Gone);
         };
@@ -447,7 +460,49 @@ fn quote_ident(name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::quote_ident;
+    use super::*;
+    use outbox_tests::{Backend, TestDb};
+    use sea_orm::ConnectionTrait;
+    use sea_orm_migration::MigratorTrait;
+
+    /// Two maintenances listed the same published day; the first detached
+    /// it and has not dropped it yet (it drops after its commit) when the
+    /// second gets the lock: the second finds it gone instead of failing
+    /// on a detach of a table that is no longer a partition.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_day_another_maintenance_detached_is_gone() {
+        let t = TestDb::new(Backend::Postgres).await;
+        outbox_migrations::PartitionedMigrator::up(&t.db, None)
+            .await
+            .expect("partition the outbox");
+        t.db.execute_unprepared(
+            "SELECT outbox_create_day_partition(((now() AT TIME ZONE 'UTC')::date - 5))",
+        )
+        .await
+        .expect("a past day");
+        let day: String = {
+            let row =
+                t.db.query_one_raw(sea_orm::Statement::from_string(
+                    t.db_backend(),
+                    "SELECT 'outbox_p' || to_char((now() AT TIME ZONE 'UTC')::date - 5, 'YYYYMMDD')",
+                ))
+                .await
+                .expect("the day's name")
+                .expect("a row");
+            row.try_get_by_index(0).expect("a name")
+        };
+        t.db.execute_unprepared(&format!("ALTER TABLE outbox DETACH PARTITION {day}"))
+            .await
+            .expect("the first maintenance's detach");
+        let pool = PgPool::connect(&t.url).await.expect("a pool");
+        let outcome = PgStore(pool.clone())
+            .drop_if_published(&day)
+            .await
+            .expect("no error for a day detached meanwhile");
+        assert!(matches!(outcome, Outcome::Gone), "the day is gone");
+        pool.close().await;
+        t.drop().await;
+    }
 
     #[test]
     fn identifiers_are_quoted() {
