@@ -93,7 +93,7 @@ impl RecordingSink {
 
 #[async_trait]
 impl Sink for RecordingSink {
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+    async fn publish(&self, messages: &[Message<'_>]) -> Vec<Result<(), SendError>> {
         let started = Instant::now();
         let outcomes = self.inner.publish(messages).await;
         let answered = Instant::now();
@@ -112,7 +112,7 @@ impl Sink for RecordingSink {
             if let Some((_, id)) = message.headers.iter().find(|(name, _)| *name == HEADER_ID) {
                 acked += 1;
                 recorded.acks.push(Ack {
-                    id: id.clone(),
+                    id: id.to_string(),
                     handed_over: started,
                     acknowledged: answered,
                 });
@@ -136,7 +136,7 @@ pub struct NoBrokerSink;
 
 #[async_trait]
 impl Sink for NoBrokerSink {
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+    async fn publish(&self, messages: &[Message<'_>]) -> Vec<Result<(), SendError>> {
         vec![Ok(()); messages.len()]
     }
 

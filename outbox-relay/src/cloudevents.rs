@@ -166,21 +166,21 @@ pub struct CloudEvent {
 impl CloudEvent {
     /// Every attribute of `message` but `datacontenttype`, in a fixed
     /// order, as (name, value).
-    pub fn attributes<'a>(&'a self, message: &'a Message) -> Vec<(&'static str, &'a str)> {
+    pub fn attributes<'a>(&'a self, message: &'a Message<'_>) -> Vec<(&'static str, &'a str)> {
         let header = |name: &str| {
             message
                 .headers
                 .iter()
                 .rev()
                 .find(|(header, _)| *header == name)
-                .map(|(_, value)| value.as_str())
+                .map(|(_, value)| value.as_ref())
         };
         let mut attributes = vec![
             ("specversion", SPEC_VERSION),
             ("id", header(headers::ID).unwrap_or_default()),
             ("source", self.source.as_str()),
             ("type", self.ty.as_str()),
-            ("subject", message.key.as_str()),
+            ("subject", &*message.key),
         ];
         if let Some(time) = &self.time {
             attributes.push(("time", time));
@@ -190,7 +190,7 @@ impl CloudEvent {
         }
         let extensions = [
             ("eventversion", header(headers::EVENT_VERSION)),
-            ("aggregatetype", Some(message.aggregate_type.as_str())),
+            ("aggregatetype", Some(&*message.aggregate_type)),
             ("aggregatesequence", header(headers::AGGREGATE_SEQUENCE)),
             ("traceparent", header(headers::TRACEPARENT)),
             ("replayid", header(headers::REPLAY_ID)),
@@ -205,13 +205,13 @@ impl CloudEvent {
 
     /// Whether `message` goes in structured mode: structured was asked for
     /// and it has a payload (a tombstone is always binary).
-    pub fn is_structured(&self, message: &Message) -> bool {
+    pub fn is_structured(&self, message: &Message<'_>) -> bool {
         self.structured && message.payload.is_some()
     }
 
     /// The headers of `message` in binary mode, under `prefix`, and its
     /// content type (`datacontenttype`).
-    pub fn binary_headers(&self, message: &Message, prefix: &str) -> Vec<(String, String)> {
+    pub fn binary_headers(&self, message: &Message<'_>, prefix: &str) -> Vec<(String, String)> {
         self.attributes(message)
             .into_iter()
             .map(|(name, value)| (format!("{prefix}{name}"), value.to_owned()))
@@ -221,7 +221,7 @@ impl CloudEvent {
     /// The structured value of `message`: the JSON envelope with the
     /// payload as `data`; `None` for a tombstone. Fails when the payload
     /// is not JSON.
-    pub fn structured_value(&self, message: &Message) -> Result<Option<String>, String> {
+    pub fn structured_value(&self, message: &Message<'_>) -> Result<Option<String>, String> {
         let Some(payload) = &message.payload else {
             return Ok(None);
         };
@@ -311,7 +311,8 @@ mod tests {
     #[test]
     fn binary_headers_carry_every_attribute() {
         let topics = TopicTemplate::default().with_cloudevents(settings(false, DEFAULT_TYPE));
-        let message = topics.message(&record());
+        let record = record();
+        let message = topics.message(&record);
         let event = message.cloudevent.as_ref().unwrap();
         assert_eq!(
             event.binary_headers(&message, KAFKA_PREFIX),
@@ -335,7 +336,8 @@ mod tests {
     fn a_type_template_keeps_the_event_type_as_an_extension() {
         let topics = TopicTemplate::default()
             .with_cloudevents(settings(false, "com.acme.{eventtype}.v{version}"));
-        let message = topics.message(&record());
+        let record = record();
+        let message = topics.message(&record);
         let event = message.cloudevent.as_ref().unwrap();
         let attributes = event.attributes(&message);
         assert!(attributes.contains(&("type", "com.acme.OrderPlaced.v2")));
@@ -345,7 +347,8 @@ mod tests {
     #[test]
     fn the_structured_envelope_holds_the_payload_as_data() {
         let topics = TopicTemplate::default().with_cloudevents(settings(true, DEFAULT_TYPE));
-        let mut message = topics.message(&record());
+        let record = record();
+        let mut message = topics.message(&record);
         message.headers.push((headers::REPLAY_ID, "r-1".into()));
         let event = message.cloudevent.clone().unwrap();
         assert!(event.is_structured(&message));

@@ -11,6 +11,7 @@
 use outbox_contract::{headers, topic};
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use crate::cloudevents::{self, CloudEvent, CloudEvents};
 use crate::record::OutboxRecord;
@@ -19,25 +20,29 @@ use crate::router::Router;
 /// Header carrying the event id ([`headers::ID`]).
 pub use outbox_contract::headers::ID as HEADER_ID;
 
-/// A message ready for a sink.
+/// A message ready for a sink. It borrows what it can from the claimed
+/// row it is made of ([`TopicTemplate::message`]), so that building a
+/// batch's messages copies no id, key or payload; a message made by hand
+/// owns its values (`"...".into()`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
-    /// Destination topic.
-    pub topic: String,
+pub struct Message<'a> {
+    /// Destination topic, shared by the messages of a batch with the same
+    /// aggregate type ([`TopicTemplate::messages`]).
+    pub topic: Arc<str>,
     /// The aggregate id: the Kafka key (unless `key_column` says
     /// otherwise), and what sinks keep each aggregate's messages in order
     /// by.
-    pub key: String,
+    pub key: Cow<'a, str>,
     /// The Kafka key from the router's `table.field.event.key` column:
     /// `None` without the option (the key is `key`), `Some(None)` for a
     /// NULL there (no key).
     pub key_column: Option<Option<String>>,
     /// The row's aggregate type, for brokers that carry it as a header.
-    pub aggregate_type: String,
+    pub aggregate_type: Cow<'a, str>,
     /// Headers, in a fixed order.
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Vec<(&'static str, Cow<'a, str>)>,
     /// The payload's JSON text; `None` for a tombstone.
-    pub payload: Option<String>,
+    pub payload: Option<Cow<'a, str>>,
     /// With `--format cloudevents` or `cloudevents-structured`: the
     /// CloudEvents attributes the headers do not carry, and the mode.
     pub cloudevent: Option<Box<CloudEvent>>,
@@ -68,12 +73,12 @@ pub struct Wire<'a> {
     pub content_type: Option<&'static str>,
 }
 
-impl Message {
+impl Message<'_> {
     /// The key a keyed broker (Kafka) gets: the aggregate id, or the
     /// router's key column's value; `None` for a NULL there.
     pub fn wire_key(&self) -> Option<&str> {
         match &self.key_column {
-            None => Some(&self.key),
+            None => Some(self.key.as_ref()),
             Some(column) => column.as_deref(),
         }
     }
@@ -101,7 +106,7 @@ impl Message {
                 headers: self
                     .headers
                     .iter()
-                    .map(|(name, value)| (Cow::Borrowed(*name), Cow::Borrowed(value.as_str())))
+                    .map(|(name, value)| (Cow::Borrowed(*name), Cow::Borrowed(value.as_ref())))
                     .collect(),
                 value: self.payload.as_deref().map(Cow::Borrowed),
                 content_type: None,
@@ -168,42 +173,91 @@ impl TopicTemplate {
     }
 
     /// The message for a claimed row.
-    pub fn message(&self, record: &OutboxRecord) -> Message {
-        let id = self
+    pub fn message<'a>(&self, record: &'a OutboxRecord) -> Message<'a> {
+        self.message_with(record, &mut None)
+    }
+
+    /// The messages for claimed rows, in order. Rows with the aggregate
+    /// type of the row before them share its topic.
+    pub fn messages<'a>(&self, records: &'a [OutboxRecord]) -> Vec<Message<'a>> {
+        let mut last = None;
+        records
+            .iter()
+            .map(|record| self.message_with(record, &mut last))
+            .collect()
+    }
+
+    /// The message for `record`, whose topic is `last`'s when `last` was
+    /// made for its aggregate type (and the template, not the router,
+    /// decides topics); `last` then holds the topic of `record`'s type.
+    fn message_with<'a>(
+        &self,
+        record: &'a OutboxRecord,
+        last: &mut Option<(&'a str, Arc<str>)>,
+    ) -> Message<'a> {
+        let id = match self
             .router
             .as_ref()
             .and_then(|router| router.event_id(record))
-            .unwrap_or_else(|| record.id.clone());
-        let mut headers = vec![
+        {
+            Some(id) => Cow::Owned(id),
+            None => Cow::Borrowed(record.id.as_str()),
+        };
+        let mut headers = Vec::with_capacity(5);
+        headers.extend([
             (headers::ID, id),
-            (headers::EVENT_TYPE, record.event_type.clone()),
-            (headers::EVENT_VERSION, record.event_version.to_string()),
-        ];
+            (
+                headers::EVENT_TYPE,
+                Cow::Borrowed(record.event_type.as_str()),
+            ),
+            (
+                headers::EVENT_VERSION,
+                Cow::Owned(record.event_version.to_string()),
+            ),
+        ]);
         if let Some(sequence) = record.aggregate_seq {
-            headers.push((headers::AGGREGATE_SEQUENCE, sequence.to_string()));
+            headers.push((
+                headers::AGGREGATE_SEQUENCE,
+                Cow::Owned(sequence.to_string()),
+            ));
         }
         if let Some(traceparent) = &record.traceparent {
-            headers.push((headers::TRACEPARENT, traceparent.clone()));
+            headers.push((headers::TRACEPARENT, Cow::Borrowed(traceparent.as_str())));
         }
         let topic = match &self.router {
-            Some(router) if router.routes() => router.topic(record),
-            _ => self.topic(&record.aggregate_type),
+            Some(router) if router.routes() => Arc::from(router.topic(record)),
+            _ => match last {
+                Some((aggregate_type, topic)) if *aggregate_type == record.aggregate_type => {
+                    topic.clone()
+                }
+                _ => {
+                    let topic: Arc<str> = Arc::from(self.topic(&record.aggregate_type));
+                    *last = Some((record.aggregate_type.as_str(), topic.clone()));
+                    topic
+                }
+            },
         };
         let (payload, extra_headers, partition, timestamp, key_column) = match &self.router {
             Some(router) => (
-                router.value(record),
+                router.value(record).map(Cow::Owned),
                 router.headers(record),
                 router.partition(record),
                 router.timestamp(record),
                 router.key(record),
             ),
-            None => (record.payload.clone(), Vec::new(), None, None, None),
+            None => (
+                record.payload.as_deref().map(Cow::Borrowed),
+                Vec::new(),
+                None,
+                None,
+                None,
+            ),
         };
         Message {
             topic,
-            key: record.aggregate_id.clone(),
+            key: Cow::Borrowed(record.aggregate_id.as_str()),
             key_column,
-            aggregate_type: record.aggregate_type.clone(),
+            aggregate_type: Cow::Borrowed(record.aggregate_type.as_str()),
             headers,
             payload,
             cloudevent: self
@@ -226,14 +280,14 @@ impl Default for TopicTemplate {
 /// An `OrderPlaced` message of order `key` with event id `id`, as the
 /// Kafka headers carry it.
 #[cfg(test)]
-pub(crate) fn test_message(id: &str, key: &str) -> Message {
+pub(crate) fn test_message(id: &str, key: &str) -> Message<'static> {
     Message {
         topic: "outbox.event.Order".into(),
-        key: key.into(),
+        key: key.to_owned().into(),
         key_column: None,
         aggregate_type: "Order".into(),
         headers: vec![
-            ("id", id.into()),
+            ("id", id.to_owned().into()),
             ("eventType", "OrderPlaced".into()),
             ("eventVersion", "2".into()),
             ("aggregateSequence", "7".into()),
@@ -271,23 +325,55 @@ mod tests {
 
     #[test]
     fn follows_the_outbox_event_router_shape() {
-        let message = TopicTemplate::default().message(&record());
-        assert_eq!(message.topic, "outbox.event.Order");
+        let record = record();
+        let message = TopicTemplate::default().message(&record);
+        assert_eq!(&*message.topic, "outbox.event.Order");
         assert_eq!(message.key, "42");
         assert_eq!(message.payload.as_deref(), Some(r#"{"order_id":42}"#));
         assert_eq!(
             message.headers,
             [
-                ("id", "0190a7e8-0000-7000-8000-000000000001".to_owned()),
-                ("eventType", "OrderPlaced".to_owned()),
-                ("eventVersion", "2".to_owned()),
-                ("aggregateSequence", "7".to_owned()),
+                ("id", "0190a7e8-0000-7000-8000-000000000001".into()),
+                ("eventType", "OrderPlaced".into()),
+                ("eventVersion", "2".into()),
+                ("aggregateSequence", "7".into()),
                 (
                     "traceparent",
-                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned()
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn a_batch_shares_topics_by_aggregate_type_only() {
+        let types = ["Order", "Order", "Customer", "Order", "Customer"];
+        let records: Vec<OutboxRecord> = types
+            .iter()
+            .enumerate()
+            .map(|(n, aggregate_type)| OutboxRecord {
+                aggregate_type: (*aggregate_type).into(),
+                aggregate_id: n.to_string(),
+                ..record()
+            })
+            .collect();
+        let template = TopicTemplate::new("{aggregatetype}-events");
+        let messages = template.messages(&records);
+        let topics: Vec<&str> = messages.iter().map(|m| &*m.topic).collect();
+        assert_eq!(
+            topics,
+            [
+                "Order-events",
+                "Order-events",
+                "Customer-events",
+                "Order-events",
+                "Customer-events"
+            ]
+        );
+        // Each message is the one `message` makes for its row.
+        for (message, record) in messages.iter().zip(&records) {
+            assert_eq!(*message, template.message(record));
+        }
     }
 
     #[test]
@@ -296,7 +382,7 @@ mod tests {
         plain.aggregate_seq = None;
         plain.traceparent = None;
         let message = TopicTemplate::new("{aggregatetype}-events").message(&plain);
-        assert_eq!(message.topic, "Order-events");
+        assert_eq!(&*message.topic, "Order-events");
         let names: Vec<_> = message.headers.iter().map(|(name, _)| *name).collect();
         assert_eq!(names, ["id", "eventType", "eventVersion"]);
     }

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::message::{Message, TopicTemplate};
+use crate::message::TopicTemplate;
 use crate::metrics::BatchObservation;
 use crate::record::OutboxRecord;
 use crate::shutdown::Shutdown;
@@ -366,10 +366,7 @@ impl Relay {
             );
             return Sent::Abandoned;
         }
-        let messages: Vec<Message> = records
-            .iter()
-            .map(|record| self.topics.message(record))
-            .collect();
+        let messages = self.topics.messages(records);
         // A pause may come at any point from here on: the sink checks the
         // lease's end before each message it hands to the broker.
         let outcomes = match send_until {
@@ -513,6 +510,7 @@ pub fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::Message;
     use crate::record::test_record as record;
     use crate::source::SourceOptions;
     use crate::source::sqlite::SqliteSource;
@@ -552,14 +550,14 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Sink for Pausing {
-        async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+        async fn publish(&self, messages: &[Message<'_>]) -> Vec<Result<(), SendError>> {
             self.publish_until(messages, Instant::now() + Duration::from_secs(3600))
                 .await
         }
 
         async fn publish_until(
             &self,
-            messages: &[Message],
+            messages: &[Message<'_>],
             fresh_until: Instant,
         ) -> Vec<Result<(), SendError>> {
             let mut outcomes = Vec::new();
@@ -571,7 +569,10 @@ mod tests {
                     outcomes.push(Err(SendError::stale()));
                     continue;
                 }
-                self.handed_over.lock().unwrap().push(message.key.clone());
+                self.handed_over
+                    .lock()
+                    .unwrap()
+                    .push(message.key.to_string());
                 outcomes.push(Ok(()));
             }
             outcomes

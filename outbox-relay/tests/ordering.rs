@@ -256,7 +256,7 @@ struct RefuseEvent {
 
 #[async_trait]
 impl Sink for RefuseEvent {
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+    async fn publish(&self, messages: &[Message<'_>]) -> Vec<Result<(), SendError>> {
         let mut outcomes: Vec<Option<Result<(), SendError>>> = vec![None; messages.len()];
         let mut refused_key = None;
         let mut forwarded = Vec::new();
@@ -435,12 +435,12 @@ async fn a_kafka_sink_hands_nothing_over_past_its_send_window() {
     let sink = kafka_sink(&brokers).await;
     let messages: Vec<Message> = (0..5)
         .map(|n| Message {
-            topic: topic.clone(),
+            topic: topic.as_str().into(),
             key: "agg-1".into(),
             key_column: None,
             aggregate_type: "Window".into(),
-            headers: vec![(HEADER_ID, format!("event-{n}"))],
-            payload: Some(format!("{{\"n\":{n}}}")),
+            headers: vec![(HEADER_ID, format!("event-{n}").into())],
+            payload: Some(format!("{{\"n\":{n}}}").into()),
             cloudevent: None,
             extra_headers: Vec::new(),
             partition: None,

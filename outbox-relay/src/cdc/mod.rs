@@ -573,7 +573,7 @@ impl CdcRelay {
                     record
                 }));
             }
-            let mut remaining: Vec<Message> = records.iter().map(|r| topics.message(r)).collect();
+            let mut remaining: Vec<Message> = topics.messages(&records);
             let mut backoff = Backoff::new(INITIAL_BACKOFF, max_backoff);
             loop {
                 let fresh_until = ownership.confirm().await?;

@@ -298,11 +298,11 @@ impl Pace {
 
 /// The message of a replayed event: as the relay sent it, plus the
 /// `replayId` header.
-pub fn message(topics: &TopicTemplate, record: &OutboxRecord, replay: &str) -> Message {
+pub fn message<'a>(topics: &TopicTemplate, record: &'a OutboxRecord, replay: &str) -> Message<'a> {
     let mut message = topics.message(record);
     message
         .headers
-        .push((headers::REPLAY_ID, replay.to_owned()));
+        .push((headers::REPLAY_ID, replay.to_owned().into()));
     message
 }
 
@@ -412,7 +412,7 @@ async fn ended(
 /// most [`SEND_ATTEMPTS`] times.
 async fn publish(
     sink: &dyn Sink,
-    mut messages: Vec<Message>,
+    mut messages: Vec<Message<'_>>,
     shutdown: &Shutdown,
 ) -> Result<(), String> {
     let mut pause = Duration::from_millis(500);

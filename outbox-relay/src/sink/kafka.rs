@@ -35,8 +35,6 @@ use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use rdkafka::ClientContext;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
@@ -312,7 +310,7 @@ impl KafkaSink {
     /// Hands one message to the producer, waiting while its queue is full.
     async fn enqueue(
         producer: &Producer,
-        message: &Message,
+        message: &Message<'_>,
         deadline: tokio::time::Instant,
     ) -> Result<rdkafka::producer::DeliveryFuture, SendError> {
         let wire = message
@@ -371,13 +369,10 @@ impl KafkaSink {
     /// `fresh_until` when given.
     async fn send(
         &self,
-        messages: &[Message],
+        messages: &[Message<'_>],
         fresh_until: Option<Instant>,
     ) -> Vec<Result<(), SendError>> {
-        let topics = messages
-            .iter()
-            .map(|message| message.topic.as_str())
-            .collect();
+        let topics = messages.iter().map(|message| &*message.topic).collect();
         let missing = self.ensure_topics(topics).await;
         let deadline = tokio::time::Instant::now() + self.options.send_timeout;
         let producer = self.producer();
@@ -386,7 +381,7 @@ impl KafkaSink {
         let mut deliveries = Vec::with_capacity(messages.len());
         let mut failed_keys: HashSet<(&str, &str)> = HashSet::new();
         for (index, message) in messages.iter().enumerate() {
-            let key = (message.topic.as_str(), message.key.as_str());
+            let key = (&*message.topic, &*message.key);
             if failed_keys.contains(&key) {
                 outcomes[index] = Some(Err(SendError::held_back()));
                 continue;
@@ -395,12 +390,12 @@ impl KafkaSink {
                 outcomes[index] = Some(Err(SendError::stale()));
                 continue;
             }
-            let enqueued = match missing.get(message.topic.as_str()) {
+            let enqueued = match missing.get(&*message.topic) {
                 Some(error) => Err(error.clone()),
                 None => Self::enqueue(&producer, message, deadline).await,
             };
             match enqueued {
-                Ok(delivery) => deliveries.push(async move { (index, delivery.await) }),
+                Ok(delivery) => deliveries.push((index, delivery)),
                 Err(error) => {
                     failed_keys.insert(key);
                     outcomes[index] = Some(Err(error));
@@ -408,13 +403,16 @@ impl KafkaSink {
             }
         }
 
-        let mut deliveries: FuturesUnordered<_> = deliveries.into_iter().collect();
+        // Acknowledgements arrive about in the order the messages were
+        // handed over: awaited in that order, the task is woken about once
+        // per acknowledgement it waits for, not once per message.
         let deadline = tokio::time::sleep_until(deadline);
         tokio::pin!(deadline);
         let mut timed_out = false;
-        while !deliveries.is_empty() {
-            let (index, delivery) = tokio::select! {
-                Some(resolved) = deliveries.next() => resolved,
+        for (index, delivery) in deliveries {
+            let delivery = tokio::select! {
+                biased;
+                delivery = delivery => delivery,
                 () = &mut deadline => {
                     timed_out = true;
                     break;
@@ -432,7 +430,6 @@ impl KafkaSink {
                 Err(_canceled) => Err(SendError::transient("the producer shut down")),
             });
         }
-        drop(deliveries);
         self.finish(&producer, outcomes, timed_out)
     }
 
@@ -467,14 +464,14 @@ impl KafkaSink {
 
 #[async_trait]
 impl Sink for KafkaSink {
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+    async fn publish(&self, messages: &[Message<'_>]) -> Vec<Result<(), SendError>> {
         self.send(messages, None).await
     }
 
     /// Checks `fresh_until` before each message it hands to the producer.
     async fn publish_until(
         &self,
-        messages: &[Message],
+        messages: &[Message<'_>],
         fresh_until: Instant,
     ) -> Vec<Result<(), SendError>> {
         self.send(messages, Some(fresh_until)).await

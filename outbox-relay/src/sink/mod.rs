@@ -24,7 +24,7 @@ use crate::message::Message;
 pub trait Sink: Send + Sync {
     /// Publishes `messages` and returns one outcome per message, in order,
     /// once each is acknowledged or has failed.
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>>;
+    async fn publish(&self, messages: &[Message<'_>]) -> Vec<Result<(), SendError>>;
 
     /// Like [`publish`](Self::publish), but hands no message to the broker
     /// after `fresh_until`: those fail as transient ([`SendError::stale`]),
@@ -35,7 +35,7 @@ pub trait Sink: Send + Sync {
     /// before each.
     async fn publish_until(
         &self,
-        messages: &[Message],
+        messages: &[Message<'_>],
         fresh_until: Instant,
     ) -> Vec<Result<(), SendError>> {
         if Instant::now() >= fresh_until {

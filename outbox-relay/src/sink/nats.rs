@@ -317,14 +317,14 @@ fn header_value(name: &str, value: &str) -> Result<HeaderValue, SendError> {
 /// Kafka headers, `aggregateType` and `aggregateId`, or for a CloudEvent
 /// `content-type` and its attributes under `ce-`. Fails for good when a
 /// value cannot be carried by a NATS header.
-pub fn message_headers(message: &Message, wire: &Wire<'_>) -> Result<HeaderMap, SendError> {
+pub fn message_headers(message: &Message<'_>, wire: &Wire<'_>) -> Result<HeaderMap, SendError> {
     let mut map = HeaderMap::new();
     let header = |wanted: &str| {
         message
             .headers
             .iter()
             .find(|(name, _)| *name == wanted)
-            .map(|(_, value)| value.as_str())
+            .map(|(_, value)| value.as_ref())
     };
     let id = header(headers::ID).unwrap_or_default();
     // A replayed copy is a message of its own to JetStream's deduplication,
@@ -358,7 +358,7 @@ pub fn message_headers(message: &Message, wire: &Wire<'_>) -> Result<HeaderMap, 
 /// messages failed. Decides only; the sink does the sending.
 #[derive(Debug)]
 pub struct Dispatch<'a> {
-    messages: &'a [Message],
+    messages: &'a [Message<'a>],
     subjects: Vec<String>,
     /// Per subject, its messages not answered yet, in batch order; the
     /// first is in flight or ready.
@@ -371,7 +371,7 @@ pub struct Dispatch<'a> {
 
 impl<'a> Dispatch<'a> {
     /// A batch whose message `i` goes to `subjects[i]`.
-    pub fn new(messages: &'a [Message], subjects: Vec<String>) -> Self {
+    pub fn new(messages: &'a [Message<'a>], subjects: Vec<String>) -> Self {
         let mut lanes: HashMap<String, VecDeque<usize>> = HashMap::new();
         for (index, subject) in subjects.iter().enumerate() {
             lanes.entry(subject.clone()).or_default().push_back(index);
@@ -397,7 +397,7 @@ impl<'a> Dispatch<'a> {
 
     fn aggregate(&self, index: usize) -> (&'a str, &'a str) {
         let message = &self.messages[index];
-        (message.aggregate_type.as_str(), message.key.as_str())
+        (&*message.aggregate_type, &*message.key)
     }
 
     /// The next message to send: the earliest whose subject has nothing in
@@ -451,7 +451,7 @@ impl<'a> Dispatch<'a> {
             .map(|(index, outcome)| {
                 outcome.unwrap_or_else(|| {
                     let message = &messages[index];
-                    if failed.contains(&(message.aggregate_type.as_str(), message.key.as_str())) {
+                    if failed.contains(&(&*message.aggregate_type, &*message.key)) {
                         Err(SendError::held_back())
                     } else {
                         Err(open())
@@ -670,7 +670,7 @@ fn no_ack_within(timeout: Duration) -> String {
 
 /// The subject, headers and body of message `index`; fails for good when
 /// NATS cannot carry it.
-fn prepare(message: &Message, subject: &str) -> Result<PublishMessage, SendError> {
+fn prepare(message: &Message<'_>, subject: &str) -> Result<PublishMessage, SendError> {
     if subject.len() > MAX_SUBJECT_BYTES {
         return Err(SendError::permanent(format!(
             "the subject is {} bytes, longer than the {MAX_SUBJECT_BYTES} the relay publishes to",
@@ -706,7 +706,7 @@ struct InFlight<'a> {
 
 impl NatsSink {
     /// Publishes message `index` of the batch, without awaiting its PubAck.
-    async fn send(&self, batch: &mut InFlight<'_>, index: usize, message: &Message) {
+    async fn send(&self, batch: &mut InFlight<'_>, index: usize, message: &Message<'_>) {
         let subject = batch.dispatch.subject(index).to_owned();
         let publish = match prepare(message, &subject) {
             Ok(publish) => publish,
@@ -768,7 +768,7 @@ impl NatsSink {
     /// `fresh_until` when given.
     async fn send_batch(
         &self,
-        messages: &[Message],
+        messages: &[Message<'_>],
         fresh_until: Option<Instant>,
     ) -> Vec<Result<(), SendError>> {
         if let Err(error) = self.recover_stream().await {
@@ -829,14 +829,14 @@ impl NatsSink {
 
 #[async_trait]
 impl Sink for NatsSink {
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+    async fn publish(&self, messages: &[Message<'_>]) -> Vec<Result<(), SendError>> {
         self.send_batch(messages, None).await
     }
 
     /// Checks `fresh_until` before each message it hands to the server.
     async fn publish_until(
         &self,
-        messages: &[Message],
+        messages: &[Message<'_>],
         fresh_until: Instant,
     ) -> Vec<Result<(), SendError>> {
         self.send_batch(messages, Some(fresh_until)).await
@@ -865,7 +865,7 @@ mod tests {
     use crate::message::test_message as message;
     use crate::sink::FailureKind;
 
-    fn subjects(messages: &[Message]) -> Vec<String> {
+    fn subjects(messages: &[Message<'_>]) -> Vec<String> {
         let template = SubjectTemplate::parse(subject::DEFAULT_TEMPLATE).unwrap();
         messages
             .iter()
@@ -873,7 +873,7 @@ mod tests {
             .collect()
     }
 
-    fn headers_of(message: &Message) -> Result<HeaderMap, SendError> {
+    fn headers_of(message: &Message<'_>) -> Result<HeaderMap, SendError> {
         message_headers(message, &message.wire(cloudevents::NATS_PREFIX).unwrap())
     }
 

@@ -352,7 +352,7 @@ fn one_line(error: &lapin::Error) -> String {
 /// attributes under `cloudEvents_` and its content type. Fails for good
 /// when a value does not fit AMQP's 255-byte short strings.
 pub fn properties(
-    message: &Message,
+    message: &Message<'_>,
     wire: &Wire<'_>,
     timestamp: u64,
 ) -> Result<BasicProperties, SendError> {
@@ -369,7 +369,7 @@ pub fn properties(
             .headers
             .iter()
             .find(|(key, _)| *key == name)
-            .map(|(_, value)| value.as_str())
+            .map(|(_, value)| value.as_ref())
             .unwrap_or_default()
     };
     let mut table = FieldTable::default();
@@ -382,11 +382,11 @@ pub fn properties(
     if message.cloudevent.is_none() {
         table.insert(
             headers::AGGREGATE_TYPE.into(),
-            AMQPValue::LongString(LongString::from(message.aggregate_type.as_str())),
+            AMQPValue::LongString(LongString::from(&*message.aggregate_type)),
         );
         table.insert(
             headers::AGGREGATE_ID.into(),
-            AMQPValue::LongString(LongString::from(message.key.as_str())),
+            AMQPValue::LongString(LongString::from(&*message.key)),
         );
     }
     Ok(BasicProperties::default()
@@ -406,7 +406,7 @@ pub fn properties(
 /// acked, nacked or returned, and which aggregates must send no more.
 #[derive(Debug)]
 pub struct Confirms<'a> {
-    messages: &'a [Message],
+    messages: &'a [Message<'a>],
     outcomes: Vec<Option<Result<(), SendError>>>,
     returned: HashSet<usize>,
     by_id: HashMap<&'a str, usize>,
@@ -424,7 +424,7 @@ impl<'a> Confirms<'a> {
                     .headers
                     .iter()
                     .find(|(name, _)| *name == headers::ID)
-                    .map(|(_, id)| (id.as_str(), index))
+                    .map(|(_, id)| (id.as_ref(), index))
             })
             .collect();
         Self {
@@ -438,7 +438,7 @@ impl<'a> Confirms<'a> {
 
     fn key(&self, index: usize) -> (&'a str, &'a str) {
         let message = &self.messages[index];
-        (message.topic.as_str(), message.key.as_str())
+        (&*message.topic, &*message.key)
     }
 
     /// Whether message `index` must not be sent: an earlier message of its
@@ -508,7 +508,7 @@ impl RabbitMqSink {
     /// `fresh_until` when given.
     async fn send(
         &self,
-        messages: &[Message],
+        messages: &[Message<'_>],
         fresh_until: Option<Instant>,
     ) -> Vec<Result<(), SendError>> {
         let mut slot = self.link.lock().await;
@@ -545,14 +545,14 @@ impl RabbitMqSink {
 
 #[async_trait]
 impl Sink for RabbitMqSink {
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+    async fn publish(&self, messages: &[Message<'_>]) -> Vec<Result<(), SendError>> {
         self.send(messages, None).await
     }
 
     /// Checks `fresh_until` before each message it hands to the broker.
     async fn publish_until(
         &self,
-        messages: &[Message],
+        messages: &[Message<'_>],
         fresh_until: Instant,
     ) -> Vec<Result<(), SendError>> {
         self.send(messages, Some(fresh_until)).await
@@ -640,7 +640,7 @@ impl<'a> InFlight<'a> {
 
     /// Publishes message `index`, unless it is held back behind an
     /// earlier failure of its aggregate or the channel broke.
-    async fn send(&mut self, index: usize, message: &Message) {
+    async fn send(&mut self, index: usize, message: &Message<'_>) {
         if self.confirms.held_back(index) {
             self.confirms.hold_back(index);
             return;
@@ -687,15 +687,15 @@ impl<'a> InFlight<'a> {
 
 /// The routing key, properties and wire form (the body) of a message
 /// published at `timestamp`.
-fn addressed(
-    message: &Message,
+fn addressed<'m>(
+    message: &'m Message<'_>,
     timestamp: u64,
-) -> Result<(ShortString, BasicProperties, Wire<'_>), SendError> {
+) -> Result<(ShortString, BasicProperties, Wire<'m>), SendError> {
     let wire = message
         .wire(cloudevents::AMQP_PREFIX)
         .map_err(SendError::permanent)?;
     let properties = properties(message, &wire, timestamp)?;
-    let routing_key = ShortString::try_new(message.topic.clone()).map_err(|_| {
+    let routing_key = ShortString::try_new(message.topic.to_string()).map_err(|_| {
         SendError::permanent(format!(
             "the routing key {:?} is longer than AMQP's 255 bytes",
             message.topic
@@ -770,7 +770,7 @@ mod tests {
     #[test]
     fn an_event_type_too_long_for_amqp_fails_for_good() {
         let mut long = message("e-1", "42");
-        long.headers[1].1 = "E".repeat(256);
+        long.headers[1].1 = "E".repeat(256).into();
         let error = properties(&long, &long.wire("").unwrap(), 0).unwrap_err();
         assert_eq!(error.kind, FailureKind::Permanent);
     }

@@ -50,7 +50,7 @@ impl Serialize for Headers<'_> {
 /// The JSON line of a message, as Kafka would carry it (CloudEvents
 /// attributes under `ce_`, and a `content-type` header first). A payload
 /// that is not JSON fails for good.
-pub fn json_line(message: &Message) -> Result<String, SendError> {
+pub fn json_line(message: &Message<'_>) -> Result<String, SendError> {
     let mut wire = message
         .wire(cloudevents::KAFKA_PREFIX)
         .map_err(SendError::permanent)?;
@@ -95,7 +95,7 @@ fn write_error(error: &std::io::Error) -> SendError {
 
 #[async_trait]
 impl Sink for StdoutSink {
-    async fn publish(&self, messages: &[Message]) -> Vec<Result<(), SendError>> {
+    async fn publish(&self, messages: &[Message<'_>]) -> Vec<Result<(), SendError>> {
         let mut out = std::io::stdout().lock();
         let outcomes = messages
             .iter()

@@ -416,8 +416,6 @@ pub(crate) fn plan<R: Placed>(head: &[R], in_flight: &InFlight, settled: &Settle
             aggregate_id: aggregate_id.to_owned(),
         };
         let end = ends.get(&(aggregate_type, aggregate_id)).copied();
-        // The head is in `seq` order: the first row is the oldest.
-        plan.first_seq.insert(key.clone(), rows[0].seq());
         let earliest = if rows.iter().all(|row| row.aggregate_seq().is_none()) {
             end.is_none_or(|end| end.aggregate_seq == 0)
         } else if let Some(mut numbers) = rows
@@ -445,7 +443,7 @@ pub(crate) fn plan<R: Placed>(head: &[R], in_flight: &InFlight, settled: &Settle
             plan.rows.extend(rows.iter().map(|row| row.seq()));
         } else {
             plan.lookups.push(Lookup {
-                key,
+                key: key.clone(),
                 n: rows.len() as i64,
                 after: end.unwrap_or(RunEnd {
                     aggregate_seq: 0,
@@ -453,6 +451,8 @@ pub(crate) fn plan<R: Placed>(head: &[R], in_flight: &InFlight, settled: &Settle
                 }),
             });
         }
+        // The head is in `seq` order: the first row is the oldest.
+        plan.first_seq.insert(key, rows[0].seq());
     }
     plan
 }
@@ -497,7 +497,8 @@ pub struct Settled {
 }
 
 impl Settled {
-    fn hash(key: &AggregateKey) -> u128 {
+    /// The hash of an aggregate, as (type, id).
+    fn hash(key: (&str, &str)) -> u128 {
         use std::hash::{Hash, Hasher};
         let half = |salt: u8| {
             let mut hasher = std::hash::DefaultHasher::new();
@@ -510,7 +511,7 @@ impl Settled {
 
     /// The `aggregate_seq` of the last row of `key` this relay settled.
     pub fn last(&self, key: &AggregateKey) -> Option<i64> {
-        let hash = Self::hash(key);
+        let hash = Self::hash(key.as_pair());
         let generations = self.generations.lock().unwrap_or_else(|e| e.into_inner());
         generations[0]
             .get(&hash)
@@ -536,7 +537,7 @@ impl Settled {
                     hash
                 }
                 _ => {
-                    let hash = Self::hash(&AggregateKey::of(record));
+                    let hash = Self::hash((&record.aggregate_type, &record.aggregate_id));
                     current = Some((&record.aggregate_type, &record.aggregate_id, hash));
                     hash
                 }
