@@ -135,48 +135,57 @@ pub fn install(sink: &str) -> Result<PrometheusHandle, BuildError> {
 pub struct BatchObservation {
     size: usize,
     claimed_at: Instant,
-    rows: Vec<(String, f64, RowOutcome)>,
-}
-
-enum RowOutcome {
-    Published,
-    Failed { dead_letter: bool },
-    Untouched,
+    /// The age at claim of each published row.
+    published_ages: Vec<f64>,
+    /// Rows per aggregate type and counter.
+    counts: Vec<((String, &'static str), u64)>,
 }
 
 impl BatchObservation {
     /// Notes each row's aggregate type, age and fate: acknowledged if its
     /// id is in `published`, failed if in `failed` (with whether it was
-    /// dead-lettered), untouched otherwise.
+    /// dead-lettered), untouched otherwise. `published` names each of
+    /// `records` at most once (as a [`Settlement`](crate::source::Settlement)
+    /// does), so as many ids as rows is every row.
     pub fn new<'a>(
         records: &[OutboxRecord],
         published: impl IntoIterator<Item = &'a str>,
         failed: impl IntoIterator<Item = (&'a str, bool)>,
         claimed_at: Instant,
     ) -> Self {
-        let published: HashSet<&str> = published.into_iter().collect();
+        let published: Vec<&str> = published.into_iter().collect();
+        // The usual batch, every row published, needs no set of ids.
+        let every_row = published.len() == records.len();
+        let published: HashSet<&str> = if every_row {
+            HashSet::new()
+        } else {
+            published.into_iter().collect()
+        };
         let failed: HashMap<&str, bool> = failed.into_iter().collect();
-        let rows = records
-            .iter()
-            .map(|record| {
-                let outcome = if published.contains(record.id.as_str()) {
-                    RowOutcome::Published
-                } else if let Some(&dead_letter) = failed.get(record.id.as_str()) {
-                    RowOutcome::Failed { dead_letter }
-                } else {
-                    RowOutcome::Untouched
-                };
-                (
-                    record.aggregate_type.clone(),
-                    record.age_at_claim.max(0.0),
-                    outcome,
-                )
-            })
-            .collect();
+        let mut published_ages = Vec::with_capacity(records.len());
+        // Counted per aggregate type first: one counter update per type
+        // and outcome, not per row.
+        let mut counts: HashMap<(&str, &'static str), u64> = HashMap::new();
+        for record in records {
+            let aggregate_type = record.aggregate_type.as_str();
+            if every_row || published.contains(record.id.as_str()) {
+                published_ages.push(record.age_at_claim.max(0.0));
+                *counts.entry((aggregate_type, PUBLISHED)).or_default() += 1;
+            } else if let Some(&dead_letter) = failed.get(record.id.as_str()) {
+                if dead_letter {
+                    *counts.entry((aggregate_type, DEAD_LETTERED)).or_default() += 1;
+                }
+                *counts.entry((aggregate_type, FAILED)).or_default() += 1;
+            }
+        }
         Self {
             size: records.len(),
             claimed_at,
-            rows,
+            published_ages,
+            counts: counts
+                .into_iter()
+                .map(|((aggregate_type, name), count)| ((aggregate_type.to_owned(), name), count))
+                .collect(),
         }
     }
 
@@ -185,27 +194,10 @@ impl BatchObservation {
         histogram!(BATCH_SIZE).record(self.size as f64);
         let since_claim = self.claimed_at.elapsed().as_secs_f64();
         let commit_to_ack = histogram!(COMMIT_TO_ACK);
-        // Counted per aggregate type first: one counter update per type and
-        // outcome, not per row.
-        let mut counts: HashMap<(String, &'static str), u64> = HashMap::new();
-        for (aggregate_type, age, outcome) in self.rows {
-            match outcome {
-                RowOutcome::Published => {
-                    commit_to_ack.record(age + since_claim);
-                    *counts.entry((aggregate_type, PUBLISHED)).or_default() += 1;
-                }
-                RowOutcome::Failed { dead_letter } => {
-                    if dead_letter {
-                        *counts
-                            .entry((aggregate_type.clone(), DEAD_LETTERED))
-                            .or_default() += 1;
-                    }
-                    *counts.entry((aggregate_type, FAILED)).or_default() += 1;
-                }
-                RowOutcome::Untouched => {}
-            }
+        for age in self.published_ages {
+            commit_to_ack.record(age + since_claim);
         }
-        for ((aggregate_type, name), count) in counts {
+        for ((aggregate_type, name), count) in self.counts {
             counter!(name, "aggregate_type" => aggregate_type).increment(count);
         }
     }

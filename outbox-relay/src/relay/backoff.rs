@@ -47,6 +47,11 @@ impl Cooldown {
         settlement: &Settlement,
         now: Instant,
     ) {
+        // The usual batch: nothing failed and no aggregate cools down, so
+        // there is no cooldown to start or end.
+        if settlement.failed.is_empty() && self.aggregates.is_empty() {
+            return;
+        }
         let published: HashSet<&str> = settlement.published.iter().map(String::as_str).collect();
         let failed: HashMap<&str, &FailedRow> = settlement
             .failed

@@ -180,31 +180,32 @@ impl InFlight {
     /// The rows of a claim.
     pub fn of(records: &[OutboxRecord]) -> Self {
         // A claim lists its rows aggregate by aggregate: one entry per run
-        // of rows of one aggregate, its key copied once.
-        let mut runs: Vec<(AggregateKey, RunEnd)> = Vec::new();
+        // of rows of one aggregate, its key borrowed from its first row.
+        let mut runs: Vec<(&OutboxRecord, RunEnd)> = Vec::new();
         for record in records {
             let end = RunEnd::of(record);
             match runs.last_mut() {
-                Some((key, last))
-                    if key.aggregate_type == record.aggregate_type
-                        && key.aggregate_id == record.aggregate_id =>
+                Some((first, last))
+                    if first.aggregate_type == record.aggregate_type
+                        && first.aggregate_id == record.aggregate_id =>
                 {
                     *last = (*last).max(end);
                 }
-                _ => runs.push((AggregateKey::of(record), end)),
+                _ => runs.push((record, end)),
             }
         }
         // Should an aggregate's rows not be listed together, its entries
-        // merge into the first.
-        let mut seen: FastMap<AggregateKey, usize> =
+        // merge into the first. Each aggregate's key is copied once.
+        let mut seen: FastMap<(&str, &str), usize> =
             FastMap::with_capacity_and_hasher(runs.len(), Default::default());
         let mut merged: Vec<(AggregateKey, RunEnd)> = Vec::with_capacity(runs.len());
-        for (key, end) in runs {
+        for (first, end) in runs {
+            let key = (first.aggregate_type.as_str(), first.aggregate_id.as_str());
             match seen.get(&key) {
                 Some(&at) => merged[at].1 = merged[at].1.max(end),
                 None => {
-                    seen.insert(key.clone(), merged.len());
-                    merged.push((key, end));
+                    seen.insert(key, merged.len());
+                    merged.push((AggregateKey::of(first), end));
                 }
             }
         }

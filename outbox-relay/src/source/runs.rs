@@ -395,34 +395,40 @@ pub(crate) fn plan<R: Placed>(head: &[R], in_flight: &InFlight, settled: &Settle
         .iter()
         .map(|(key, end)| (key.as_pair(), *end))
         .collect();
-    // The head's aggregates in the order of their oldest rows, each with
-    // its rows (borrowed: no key is copied per row).
-    let mut groups: Vec<((&str, &str), Vec<&R>)> = Vec::new();
+    // The head's aggregates in the order of their oldest rows (borrowed:
+    // no key is copied per row), and the head's rows aggregate by
+    // aggregate, each aggregate's in `seq` order (a stable sort).
+    let mut aggregates: Vec<(&str, &str)> = Vec::new();
     let mut index: HashMap<(&str, &str), usize> = HashMap::default();
-    for row in head {
-        let key = row.aggregate();
-        match index.get(&key) {
-            Some(&at) => groups[at].1.push(row),
-            None => {
-                index.insert(key, groups.len());
-                groups.push((key, vec![row]));
-            }
-        }
-    }
+    let mut grouped: Vec<(usize, &R)> = head
+        .iter()
+        .map(|row| {
+            let key = row.aggregate();
+            let at = *index.entry(key).or_insert_with(|| {
+                aggregates.push(key);
+                aggregates.len() - 1
+            });
+            (at, row)
+        })
+        .collect();
+    grouped.sort_by_key(|(at, _)| *at);
+    let mut rows: Vec<&R> = Vec::new();
+    let mut numbers: Vec<i64> = Vec::new();
     let mut plan = Plan::default();
-    for ((aggregate_type, aggregate_id), rows) in groups {
+    for group in grouped.chunk_by(|a, b| a.0 == b.0) {
+        let (aggregate_type, aggregate_id) = aggregates[group[0].0];
+        rows.clear();
+        rows.extend(group.iter().map(|(_, row)| *row));
         let key = AggregateKey {
             aggregate_type: aggregate_type.to_owned(),
             aggregate_id: aggregate_id.to_owned(),
         };
         let end = ends.get(&(aggregate_type, aggregate_id)).copied();
-        let earliest = if rows.iter().all(|row| row.aggregate_seq().is_none()) {
+        numbers.clear();
+        numbers.extend(rows.iter().filter_map(|row| row.aggregate_seq()));
+        let earliest = if numbers.is_empty() {
             end.is_none_or(|end| end.aggregate_seq == 0)
-        } else if let Some(mut numbers) = rows
-            .iter()
-            .map(|row| row.aggregate_seq())
-            .collect::<Option<Vec<i64>>>()
-        {
+        } else if numbers.len() == rows.len() {
             numbers.sort_unstable();
             let start = match end {
                 Some(end) if end.aggregate_seq > 0 => Some(end.aggregate_seq),
