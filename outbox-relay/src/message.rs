@@ -319,6 +319,7 @@ mod tests {
             age_at_claim: 0.0,
             created_at: None,
             partition: None,
+            ctid: None,
             extra: Vec::new(),
         }
     }

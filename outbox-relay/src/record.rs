@@ -38,10 +38,16 @@ pub struct OutboxRecord {
     #[sqlx(default)]
     pub created_at: Option<String>,
     /// The partition holding the row: read by the PostgreSQL claim on a
-    /// partitioned outbox, whose marks then go to that partition alone, by
-    /// id and `seq`; `None` elsewhere.
+    /// partitioned outbox, whose marks then go to that partition alone
+    /// (see [`OutboxRecord::ctid`]); `None` elsewhere.
     #[sqlx(skip)]
     pub partition: Option<Partition>,
+    /// Where the claimed version of the row is (PostgreSQL's `ctid`): read
+    /// by the PostgreSQL claim, whose settle marks the rows there. The
+    /// claim's row lock keeps each row in place until its transaction,
+    /// which marks, ends. `None` elsewhere.
+    #[sqlx(skip)]
+    pub ctid: Option<Tid>,
     /// The extra columns asked for (see [`crate::source::extra`]), as
     /// JSON text, `None` for NULL.
     #[sqlx(skip)]
@@ -56,6 +62,66 @@ pub struct Partition {
     /// Its name as SQL reads it, which the claim looks up by oid; `None`
     /// until then.
     pub name: Option<Arc<str>>,
+}
+
+/// A row version's place in a PostgreSQL table (a `tid`, what `ctid`
+/// holds): its block and its line pointer there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tid {
+    /// The block number.
+    pub block: u32,
+    /// The line pointer within the block, from 1.
+    pub offset: u16,
+}
+
+impl sqlx::Type<sqlx::Postgres> for Tid {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        sqlx::postgres::PgTypeInfo::with_oid(sqlx::postgres::types::Oid(27))
+    }
+}
+
+impl sqlx::postgres::PgHasArrayType for Tid {
+    fn array_type_info() -> sqlx::postgres::PgTypeInfo {
+        sqlx::postgres::PgTypeInfo::with_oid(sqlx::postgres::types::Oid(1010))
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Postgres> for Tid {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        buf.extend_from_slice(&self.block.to_be_bytes());
+        buf.extend_from_slice(&self.offset.to_be_bytes());
+        Ok(sqlx::encode::IsNull::No)
+    }
+}
+
+impl sqlx::Decode<'_, sqlx::Postgres> for Tid {
+    fn decode(value: sqlx::postgres::PgValueRef<'_>) -> Result<Self, sqlx::error::BoxDynError> {
+        let (block, offset) = match value.format() {
+            sqlx::postgres::PgValueFormat::Binary => {
+                let bytes: [u8; 6] = value.as_bytes()?.try_into()?;
+                (
+                    u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+                    u16::from_be_bytes([bytes[4], bytes[5]]),
+                )
+            }
+            // `(block,offset)`
+            sqlx::postgres::PgValueFormat::Text => {
+                let text = value.as_str()?;
+                let inner = text
+                    .strip_prefix('(')
+                    .and_then(|rest| rest.strip_suffix(')'))
+                    .ok_or_else(|| format!("not a tid: {text:?}"))?;
+                let (block, offset) = inner
+                    .split_once(',')
+                    .ok_or_else(|| format!("not a tid: {text:?}"))?;
+                (block.parse()?, offset.parse()?)
+            }
+        };
+        Ok(Self { block, offset })
+    }
 }
 
 /// A pending `Order` row of `aggregate` with an empty payload, after
@@ -76,6 +142,7 @@ pub(crate) fn test_record(id: &str, aggregate: &str, attempts: i32) -> OutboxRec
         age_at_claim: 0.0,
         created_at: None,
         partition: None,
+        ctid: None,
         extra: Vec::new(),
     }
 }

@@ -162,6 +162,7 @@ fn record(
         age_at_claim: 0.0,
         created_at: take(column::CREATED_AT),
         partition: None,
+        ctid: None,
         extra,
     })
 }

@@ -429,7 +429,7 @@ where
             .bind(upto)
             .fetch_all(&mut *self.pool.acquire().await?)
             .await?;
-        let decoded = source::decode_records(&rows)?;
+        let decoded = source::decode_records(&rows, |_, _| Ok(()))?;
         for row in &decoded.undecodable {
             tracing::warn!(seq = row.seq, reason = %row.reason, "a planned event cannot be read; it is not replayed");
         }

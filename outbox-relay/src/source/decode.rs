@@ -110,8 +110,14 @@ where
     })
 }
 
-/// Claimed rows without positions (MariaDB/MySQL, PostgreSQL).
-pub(crate) fn records<R>(rows: &[R]) -> Result<Decoded<OutboxRecord>, SourceError>
+/// Claimed rows without positions (PostgreSQL, MariaDB/MySQL; replay's
+/// reads), each then read further by `more` (a dialect's own columns, such
+/// as PostgreSQL's `ctid`; `|_, _| Ok(())` for none); a row `more` refuses
+/// is undecodable as any other.
+pub(crate) fn records<R>(
+    rows: &[R],
+    more: impl Fn(&R, &mut OutboxRecord) -> Result<(), String>,
+) -> Result<Decoded<OutboxRecord>, SourceError>
 where
     R: Row,
     for<'a> &'a str: ColumnIndex<R>,
@@ -123,7 +129,17 @@ where
     for<'r> uuid::Uuid: Decode<'r, R::Database> + Type<R::Database>,
 {
     let columns = RecordColumns::of(rows.first());
-    decode_each(rows, "seq", |row| record(row, &columns))
+    decode_each(rows, "seq", |row| {
+        let mut record = record(row, &columns)?;
+        more(row, &mut record)?;
+        Ok(record)
+    })
+}
+
+/// The place of the column `name` in `rows` (all rows of a statement have
+/// the same columns), if they have it.
+pub(crate) fn column_index<R: Row>(rows: &[R], name: &str) -> Option<usize> {
+    Place::of(rows.first(), name).index
 }
 
 /// The aggregates chosen by [`super::runs::head_sql`]. One whose key cannot
@@ -246,6 +262,7 @@ where
             Some(_) => optional(row, columns.partition)?.map(|oid| Partition { oid, name: None }),
             None => None,
         },
+        ctid: None,
         extra: columns
             .extra
             .iter()

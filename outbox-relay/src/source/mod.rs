@@ -426,6 +426,18 @@ pub enum SourceError {
         /// Highest shard number found plus one.
         found: i64,
     },
+    /// A settle's mark found fewer or more rows where the claim locked them
+    /// than it was given: nothing was marked, and the rows stay pending.
+    #[error(
+        "the settle changed {changed} of the {claimed} rows where the claim locked them; \
+         nothing was marked"
+    )]
+    NotWhereClaimed {
+        /// Rows the statement was given.
+        claimed: usize,
+        /// Rows it changed.
+        changed: u64,
+    },
     /// A statement failed.
     #[error("database error: {0}")]
     Query(#[from] sqlx::Error),

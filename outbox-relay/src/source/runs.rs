@@ -592,6 +592,7 @@ mod tests {
                 age_at_claim: 0.0,
                 created_at: None,
                 partition: None,
+                ctid: None,
                 extra: Vec::new(),
             },
             run_position,

@@ -252,7 +252,13 @@ async fn read(
     rows: &[PgRow],
     read_: &Read,
 ) -> Result<Vec<OutboxRecord>, SourceError> {
-    let mut decoded = decode::records(rows)?;
+    // A row whose place cannot be read (never the row's fault) is marked
+    // by its id instead.
+    let ctid = decode::column_index(rows, "ctid");
+    let mut decoded = decode::records(rows, |row, record| {
+        record.ctid = ctid.and_then(|index| row.try_get(index).ok());
+        Ok(())
+    })?;
     park::<PgDialect>(conn, &decoded.undecodable, false).await?;
     if let Some(names) = &read_.partition {
         names.name(conn, &mut decoded.rows).await?;
@@ -338,10 +344,11 @@ impl PartitionNames {
 }
 
 /// The columns of a claimed row but its creation time; the id as a `uuid`,
-/// which the relay writes out as text (see `decode::id`). An infinite `created_at` (which cannot be
-/// subtracted) has age 0.
+/// which the relay writes out as text (see `decode::id`); where the locked
+/// row is (`ctid`), where the settle marks it. An infinite `created_at`
+/// (which cannot be subtracted) has age 0.
 const CLAIMED_COLUMNS: &str = "id, aggregatetype, aggregateid, type, \
-     payload::text AS payload, event_version, aggregate_seq, traceparent, seq, attempts, \
+     payload::text AS payload, event_version, aggregate_seq, traceparent, seq, attempts, ctid, \
      CASE WHEN isfinite(created_at) \
        THEN EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 ELSE 0 END AS age_at_claim";
 
@@ -353,8 +360,8 @@ pub(crate) struct Read {
     pub created_at: bool,
     /// Each row's partition (`tableoid`), named through these names: read
     /// on a partitioned outbox, whose marks then update each partition on
-    /// its own, by id and `seq` (one through the partitioned table opens
-    /// every partition); NULL otherwise.
+    /// its own, by each row's `ctid` (one through the partitioned table
+    /// opens every partition); NULL otherwise.
     pub partition: Option<PartitionNames>,
     /// The extra columns (see [`crate::source::extra`]).
     pub extra: ExtraSelect,
@@ -387,7 +394,7 @@ fn pending(table: &str) -> String {
 fn as_read(claimed: &str, read_: &Read) -> String {
     format!(
         "SELECT id, aggregatetype, aggregateid, type, payload, event_version, \
-           aggregate_seq, traceparent, seq, attempts, age_at_claim, created_at, partition{} \
+           aggregate_seq, traceparent, seq, attempts, ctid, age_at_claim, created_at, partition{} \
          FROM ({claimed}) AS claimed",
         read_.extra.names
     )

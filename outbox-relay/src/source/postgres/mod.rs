@@ -36,9 +36,9 @@ use tokio::sync::Mutex;
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect, Placeholders, ShardStatements};
 use super::runs::Settled;
 use super::shards::{ShardConfig, ShardStore};
-use super::{FailedRow, FastMap, Marking, SourceError, SourceOptions, SqlSource, Typed};
+use super::{FailedRow, FastMap, FastSet, Marking, SourceError, SourceOptions, SqlSource, Typed};
 use crate::database::DatabaseUrl;
-use crate::record::OutboxRecord;
+use crate::record::{OutboxRecord, Tid};
 
 pub use wakeup::{WAKE_LOCK_KEY, WAKE_SLOTS, take_wake_slots_sql};
 
@@ -81,10 +81,6 @@ impl PostgresSource {
             let mut conn = self.pool().acquire().await?;
             return mark_published(&mut *conn, ids, self.delete_on_publish()).await;
         }
-        let places: FastMap<&str, Place<'_>> = created_at
-            .iter()
-            .map(|(id, created_at)| (*id, Place::CreatedAt(created_at)))
-            .collect();
         // A partitioned outbox's statements keep the generic plan made when
         // they first ran, maybe on nearly empty partitions: planned by
         // index alone, as in a claim, the mark never scans a partition.
@@ -92,7 +88,7 @@ impl PostgresSource {
         sqlx::query(concat!("SELECT ", claim::planned_by_index!()))
             .execute(&mut *txn)
             .await?;
-        mark_rows(&mut txn, ids, &places, self.delete_on_publish()).await?;
+        mark_rows(&mut txn, ids, created_at, self.delete_on_publish()).await?;
         txn.commit().await?;
         Ok(())
     }
@@ -259,9 +255,8 @@ impl Dialect for PgDialect {
 /// unanalyzed, scan the table and cast per row.
 #[async_trait]
 impl Marking<PgDialect> for PgDialect {
-    /// Each row in its partition where the claim read it (a partitioned
-    /// outbox), by its id and `seq`: through the partitioned table an id
-    /// alone is looked up in every partition.
+    /// Each row where the claim locked it (its `ctid`, in its partition on
+    /// a partitioned outbox), checked by id: see [`mark_locked`].
     async fn mark_published(
         conn: &mut PgConnection,
         ids: &[String],
@@ -269,17 +264,17 @@ impl Marking<PgDialect> for PgDialect {
         _by_time: bool,
         delete: bool,
     ) -> Result<(), SourceError> {
-        let places: FastMap<&str, Place<'_>> = records
+        // Published names each claimed row at most once: as many ids as
+        // the claim's rows is every row (the usual case), with no set of
+        // ids to build.
+        if ids.len() == records.len() {
+            return mark_locked(conn, records.iter(), delete).await;
+        }
+        let published: FastSet<&str> = ids.iter().map(String::as_str).collect();
+        let rows = records
             .iter()
-            .filter_map(|record| {
-                let place = Place::Partition {
-                    name: record.partition.as_ref()?.name.as_deref()?,
-                    seq: record.seq,
-                };
-                Some((record.id.as_str(), place))
-            })
-            .collect();
-        mark_rows(conn, ids, &places, delete).await
+            .filter(|record| published.contains(record.id.as_str()));
+        mark_locked(conn, rows, delete).await
     }
 
     async fn record_failures(
@@ -304,74 +299,111 @@ impl Marking<PgDialect> for PgDialect {
     }
 }
 
-/// Where a row to mark is, as far as known beyond its id.
-#[derive(Debug, Clone, Copy)]
-enum Place<'a> {
-    /// In the partition `name` (as the claim read it, `tableoid`), with
-    /// this `seq`: marked there alone, by its id and `seq`. The partition's
-    /// primary key `(id, created_at)` finds the id, and `seq`, which the
-    /// table numbers, tells apart rows that share an id in one partition.
-    Partition { name: &'a str, seq: i64 },
-    /// Created at this time, as PostgreSQL wrote it (CDC mode reads it
-    /// from the write-ahead log): marked through the partitioned table by
-    /// id and time, which names the partition.
-    CreatedAt(&'a str),
+/// Marks the claimed `rows` published, or deletes them with `delete`,
+/// where the claim locked them: by their `ctid` (a TID scan, where marking
+/// by id looks each row up in the primary key), in their partition on a
+/// partitioned outbox (through the partitioned table, a row is looked up
+/// in every partition). The lock keeps each row there until the claim's
+/// transaction, which marks, ends: no other transaction updates, deletes
+/// or moves a locked row (nor detaches or drops its partition).
+///
+/// Each row is found by its place and checked by its id (a nested loop
+/// of TID scans, whatever the statistics), and the statement must change
+/// exactly as many rows as it was given: otherwise it fails, and the
+/// claim's transaction with it, so that nothing is marked (the rows stay
+/// pending and are sent again) rather than one row marked in another's
+/// place.
+/// Rows read without a `ctid` are marked by id.
+async fn mark_locked<'a>(
+    conn: &mut PgConnection,
+    rows: impl Iterator<Item = &'a OutboxRecord>,
+    delete: bool,
+) -> Result<(), SourceError> {
+    // Per table: the partition's name, or `None` for the outbox itself.
+    let mut tables: Vec<(Option<&str>, Vec<Tid>, Vec<&String>)> = Vec::new();
+    let mut by_id = Vec::new();
+    for row in rows {
+        let Some(ctid) = row.ctid else {
+            by_id.push(&row.id);
+            continue;
+        };
+        let table = match &row.partition {
+            Some(partition) => match partition.name.as_deref() {
+                Some(name) => Some(name),
+                None => {
+                    by_id.push(&row.id);
+                    continue;
+                }
+            },
+            None => None,
+        };
+        match tables.iter_mut().find(|(name, ..)| *name == table) {
+            Some((_, ctids, ids)) => {
+                ctids.push(ctid);
+                ids.push(&row.id);
+            }
+            None => tables.push((table, vec![ctid], vec![&row.id])),
+        }
+    }
+    for (table, ctids, ids) in tables {
+        let table = table.unwrap_or("outbox");
+        let sql = if delete {
+            format!(
+                "DELETE FROM {table} AS o USING unnest($1::tid[], $2::uuid[]) AS p(ctid, id) \
+                 WHERE o.ctid = p.ctid AND o.id = p.id"
+            )
+        } else {
+            format!(
+                "UPDATE {table} AS o SET published_at = now() \
+                 FROM unnest($1::tid[], $2::uuid[]) AS p(ctid, id) \
+                 WHERE o.ctid = p.ctid AND o.id = p.id"
+            )
+        };
+        let changed = sqlx::query(AssertSqlSafe(sql))
+            .bind(&ctids)
+            .bind(uuids(ids.into_iter())?)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        if changed != ctids.len() as u64 {
+            return Err(SourceError::NotWhereClaimed {
+                claimed: ctids.len(),
+                changed,
+            });
+        }
+    }
+    if !by_id.is_empty() {
+        mark_published(conn, by_id, delete).await?;
+    }
+    Ok(())
 }
 
+/// Where a row to mark outside a claim is, as far as known beyond its id:
+/// created at this time, as PostgreSQL wrote it (CDC mode reads it from
+/// the write-ahead log), so that it is marked through the partitioned
+/// table by id and time, which names the partition.
+type CreatedAt<'a> = &'a str;
+
 /// Marks the rows `ids` published, or deletes them with `delete`: those
-/// whose partition `places` knows in that partition alone, by id and
-/// `seq`; those whose creation time it knows by id and time (on a
+/// whose creation time `created_at` knows by id and time (on a
 /// partitioned outbox the time names the partition, while an id alone is
-/// looked up in every one); the others by id. A row the claim locked stays
-/// in the partition the claim read until the claim's transaction, which
-/// marks, ends: moving the row (from the default partition into a new
-/// day's) or detaching or dropping its partition waits for the claim's
-/// locks.
+/// looked up in every one); the others by id.
 async fn mark_rows(
     conn: &mut PgConnection,
     ids: &[String],
-    places: &FastMap<&str, Place<'_>>,
+    created_at: &FastMap<&str, CreatedAt<'_>>,
     delete: bool,
 ) -> Result<(), SourceError> {
-    let mut partitions: Vec<(&str, Vec<&String>, Vec<i64>)> = Vec::new();
     let mut timed: (Vec<&String>, Vec<&str>) = Default::default();
     let mut untimed = Vec::new();
     for id in ids {
-        match places.get(id.as_str()) {
-            Some(Place::Partition { name, seq }) => {
-                match partitions.iter_mut().find(|(table, ..)| table == name) {
-                    Some((_, ids, seqs)) => {
-                        ids.push(id);
-                        seqs.push(*seq);
-                    }
-                    None => partitions.push((name, vec![id], vec![*seq])),
-                }
-            }
-            Some(Place::CreatedAt(created_at)) => {
+        match created_at.get(id.as_str()) {
+            Some(created_at) => {
                 timed.0.push(id);
                 timed.1.push(created_at);
             }
             None => untimed.push(id),
         }
-    }
-    for (table, ids, seqs) in partitions {
-        let sql = if delete {
-            format!(
-                "DELETE FROM {table} AS o USING unnest($1::uuid[], $2::int8[]) \
-                 AS p(id, seq) WHERE o.id = p.id AND o.seq = p.seq"
-            )
-        } else {
-            format!(
-                "UPDATE {table} AS o SET published_at = now() \
-                 FROM unnest($1::uuid[], $2::int8[]) AS p(id, seq) \
-                 WHERE o.id = p.id AND o.seq = p.seq"
-            )
-        };
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(uuids(ids.into_iter())?)
-            .bind(seqs)
-            .execute(&mut *conn)
-            .await?;
     }
     if !timed.0.is_empty() {
         let sql = if delete {
@@ -480,26 +512,17 @@ mod tests {
             let mut txn = conn.begin().await.expect("begin");
             claim::begin(&mut txn, None, false).await.expect("settings");
             let rows = sqlx::query(
-                "SELECT id::text AS id, seq, tableoid::regclass::text AS partition FROM outbox \
-                 WHERE published_at IS NULL ORDER BY seq LIMIT $1",
+                "SELECT id::text AS id, ctid, tableoid::int8 AS oid, \
+                   tableoid::regclass::text AS partition FROM outbox \
+                 WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE",
             )
             .bind(n)
             .fetch_all(&mut *txn)
             .await
             .expect("pending rows");
-            let ids: Vec<String> = rows.iter().map(|row| row.get("id")).collect();
-            let partitions: Vec<String> = rows.iter().map(|row| row.get("partition")).collect();
-            let places: FastMap<&str, Place<'_>> = rows
-                .iter()
-                .zip(&ids)
-                .zip(&partitions)
-                .map(|((row, id), name)| {
-                    let seq = row.get("seq");
-                    (id.as_str(), Place::Partition { name, seq })
-                })
-                .collect();
+            let records = locked(&rows);
             let scans_before = sequential_scans(&mut txn, &partition).await;
-            mark_rows(&mut txn, &ids, &places, false)
+            mark_locked(&mut txn, records.iter(), false)
                 .await
                 .expect("mark");
             let scans = sequential_scans(&mut txn, &partition).await;
@@ -514,6 +537,100 @@ mod tests {
         assert_eq!(mark(50).await, 0, "the mark scanned {partition}");
         let published = t.count("outbox WHERE published_at IS NOT NULL").await;
         assert_eq!(published, 51);
+        drop(conn);
+        pool.close().await;
+        t.drop().await;
+    }
+
+    /// Claimed records of `rows` (`id`, `ctid`, and the partition as `oid`
+    /// and `partition` where read).
+    fn locked(rows: &[sqlx::postgres::PgRow]) -> Vec<OutboxRecord> {
+        rows.iter()
+            .map(|row| {
+                let id: String = row.get("id");
+                let name: Option<String> = row.try_get("partition").ok();
+                OutboxRecord {
+                    ctid: Some(row.get("ctid")),
+                    partition: name.map(|name| crate::record::Partition {
+                        oid: row.get("oid"),
+                        name: Some(Arc::from(name)),
+                    }),
+                    ..crate::record::test_record(&id, "l", 0)
+                }
+            })
+            .collect()
+    }
+
+    /// The mark changes the claimed rows where the claim locked them and
+    /// nothing else: given one place that holds another pending row, it
+    /// fails, and the claim's transaction marks nothing. The witness is
+    /// the table, by id.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_mark_changes_the_locked_rows_or_nothing() {
+        let t = TestDb::new(Backend::Postgres).await;
+        outbox_migrations::Migrator::up(&t.db, None)
+            .await
+            .expect("migrate");
+        t.db.execute_unprepared(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             SELECT gen_random_uuid(), 'Ledger', 'l-' || g, 'LedgerPosted', '{}' \
+             FROM generate_series(1, 5) AS g",
+        )
+        .await
+        .expect("pending rows");
+        let url = DatabaseUrl::parse(&t.url).expect("a PostgreSQL URL");
+        let (pool, dialect) = PgDialect::connect(&url, &SourceOptions::default())
+            .await
+            .expect("connect as the relay does");
+        assert!(!dialect.partitioned);
+        let pending = "SELECT id::text AS id, ctid FROM outbox \
+             WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE";
+        let mut conn = pool.acquire().await.expect("a connection");
+
+        // Three rows locked; the first one's place swapped for the fourth
+        // (pending, not claimed) row's.
+        let mut txn = conn.begin().await.expect("begin");
+        let rows = sqlx::query(pending)
+            .bind(4_i64)
+            .fetch_all(&mut *txn)
+            .await
+            .expect("pending rows");
+        let mut records = locked(&rows[..3]);
+        records[0].ctid = Some(rows[3].get("ctid"));
+        let failed = mark_locked(&mut txn, records.iter(), false).await;
+        assert!(
+            matches!(
+                failed,
+                Err(SourceError::NotWhereClaimed {
+                    claimed: 3,
+                    changed: 2
+                })
+            ),
+            "{failed:?}"
+        );
+        txn.rollback().await.expect("rollback");
+        assert_eq!(t.count("outbox WHERE published_at IS NOT NULL").await, 0);
+
+        // The same three rows, each at its place: exactly they are marked.
+        let mut txn = conn.begin().await.expect("begin");
+        let rows = sqlx::query(pending)
+            .bind(3_i64)
+            .fetch_all(&mut *txn)
+            .await
+            .expect("pending rows");
+        let records = locked(&rows);
+        mark_locked(&mut txn, records.iter(), false)
+            .await
+            .expect("mark");
+        txn.commit().await.expect("commit");
+        let published: Vec<String> = sqlx::query_scalar(
+            "SELECT id::text FROM outbox WHERE published_at IS NOT NULL ORDER BY seq",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .expect("published rows");
+        let claimed: Vec<String> = records.iter().map(|record| record.id.clone()).collect();
+        assert_eq!(published, claimed);
         drop(conn);
         pool.close().await;
         t.drop().await;
