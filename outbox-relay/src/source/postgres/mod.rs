@@ -36,7 +36,7 @@ use tokio::sync::Mutex;
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect, Placeholders, ShardStatements};
 use super::runs::Settled;
 use super::shards::{ShardConfig, ShardStore};
-use super::{FailedRow, FastMap, FastSet, Marking, SourceError, SourceOptions, SqlSource, Typed};
+use super::{FailedRow, FastMap, Marking, SourceError, SourceOptions, SqlSource, Typed};
 use crate::database::DatabaseUrl;
 use crate::record::{OutboxRecord, Tid};
 
@@ -264,17 +264,12 @@ impl Marking<PgDialect> for PgDialect {
         _by_time: bool,
         delete: bool,
     ) -> Result<(), SourceError> {
-        // Published names each claimed row at most once: as many ids as
-        // the claim's rows is every row (the usual case), with no set of
-        // ids to build.
-        if ids.len() == records.len() {
-            return mark_locked(conn, records.iter(), delete).await;
+        let (rows, unmatched) = published_rows(records, ids);
+        mark_locked(conn, rows.into_iter(), delete).await?;
+        if !unmatched.is_empty() {
+            mark_published(conn, unmatched, delete).await?;
         }
-        let published: FastSet<&str> = ids.iter().map(String::as_str).collect();
-        let rows = records
-            .iter()
-            .filter(|record| published.contains(record.id.as_str()));
-        mark_locked(conn, rows, delete).await
+        Ok(())
     }
 
     async fn record_failures(
@@ -299,6 +294,27 @@ impl Marking<PgDialect> for PgDialect {
     }
 }
 
+/// The claimed `records` that `ids` name, and the ids that name none.
+/// `ids` lists published rows in claim order (see
+/// [`Settlement::published`](super::Settlement::published)), so each is
+/// matched with the next claimed row of its id, by position: on a
+/// partitioned outbox two claimed rows may share an id, and only the one
+/// published is marked. An id found out of that order is left to be
+/// marked by id.
+fn published_rows<'a>(
+    records: &'a [OutboxRecord],
+    ids: &'a [String],
+) -> (Vec<&'a OutboxRecord>, Vec<&'a String>) {
+    let mut rows = Vec::with_capacity(ids.len());
+    let mut next = ids.iter().peekable();
+    for record in records {
+        if next.next_if(|id| **id == record.id).is_some() {
+            rows.push(record);
+        }
+    }
+    (rows, next.collect())
+}
+
 /// Marks the claimed `rows` published, or deletes them with `delete`,
 /// where the claim locked them: by their `ctid` (a TID scan, where marking
 /// by id looks each row up in the primary key), in their partition on a
@@ -312,8 +328,7 @@ impl Marking<PgDialect> for PgDialect {
 /// exactly as many rows as it was given: otherwise it fails, and the
 /// claim's transaction with it, so that nothing is marked (the rows stay
 /// pending and are sent again) rather than one row marked in another's
-/// place.
-/// Rows read without a `ctid` are marked by id.
+/// place. Rows read without a `ctid` are marked by id.
 async fn mark_locked<'a>(
     conn: &mut PgConnection,
     rows: impl Iterator<Item = &'a OutboxRecord>,
@@ -540,6 +555,32 @@ mod tests {
         drop(conn);
         pool.close().await;
         t.drop().await;
+    }
+
+    /// The published ids pick the claimed rows by position, in claim
+    /// order: of two rows sharing an id, the one published.
+    #[test]
+    fn published_ids_pick_claimed_rows_by_position() {
+        let row = |id: &str, block: u32| OutboxRecord {
+            ctid: Some(Tid { block, offset: 1 }),
+            ..crate::record::test_record(id, "a", 0)
+        };
+        let records = [row("a", 0), row("b", 1), row("a", 2), row("c", 3)];
+        let picked = |ids: &[&str]| {
+            let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+            let (rows, unmatched) = published_rows(&records, &ids);
+            let blocks: Vec<u32> = rows.iter().map(|row| row.ctid.unwrap().block).collect();
+            let unmatched: Vec<String> = unmatched.into_iter().cloned().collect();
+            (blocks, unmatched)
+        };
+        assert_eq!(picked(&["a", "b", "a", "c"]), (vec![0, 1, 2, 3], vec![]));
+        assert_eq!(picked(&["a"]), (vec![0], vec![]));
+        assert_eq!(picked(&["a", "b"]), (vec![0, 1], vec![]));
+        assert_eq!(picked(&["b", "a"]), (vec![1, 2], vec![]));
+        assert_eq!(picked(&["c"]), (vec![3], vec![]));
+        assert_eq!(picked(&[]), (vec![], vec![]));
+        // Out of claim order: left to be marked by id.
+        assert_eq!(picked(&["c", "b"]), (vec![3], vec!["b".to_string()]));
     }
 
     /// Claimed records of `rows` (`id`, `ctid`, and the partition as `oid`
