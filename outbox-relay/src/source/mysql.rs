@@ -232,6 +232,7 @@ async fn claim_runs(
         return Ok(Vec::new());
     }
     let plan = plan(&oldest, &InFlight::default(), &dialect.settled);
+    let first_seq = plan.first_seq_by_aggregate(&oldest);
     let taken: FastSet<i64> = plan.rows.iter().copied().collect();
     let mut runs: Vec<RunKey> = oldest
         .into_iter()
@@ -245,7 +246,7 @@ async fn claim_runs(
                 aggregatetype: lookup.key.aggregate_type.clone(),
                 aggregateid: lookup.key.aggregate_id.clone(),
                 n: lookup.n,
-                first_seq: plan.first_seq[&lookup.key],
+                first_seq: lookup.first_seq,
             })
             .collect();
         for row in read_runs::<MySql>(conn, RUN_KEY_COLUMNS, &lookups, false).await? {
@@ -292,8 +293,7 @@ async fn claim_runs(
             record,
         })
         .collect();
-    let first_seq: FastMap<(&str, &str), i64> = plan
-        .first_seq
+    let first_seq: FastMap<(&str, &str), i64> = first_seq
         .iter()
         .map(|(key, first_seq)| (key.as_pair(), *first_seq))
         .collect();

@@ -350,9 +350,31 @@ pub(crate) struct Plan {
     /// Aggregates whose earliest pending rows must be looked up in
     /// `aggregate_seq` order.
     pub lookups: Vec<Lookup>,
-    /// The `seq` of each aggregate's oldest row: the batch goes out
+    /// For each row of the head the plan was made from, in the head's
+    /// order, the `seq` of its aggregate's oldest row: the batch goes out
     /// aggregate by aggregate in this order.
-    pub first_seq: HashMap<AggregateKey, i64>,
+    pub first_seqs: Vec<i64>,
+}
+
+impl Plan {
+    /// Each aggregate's oldest `seq` by aggregate, for the rows of `head`
+    /// (the rows the plan was made from).
+    pub(crate) fn first_seq_by_aggregate<R: Placed>(
+        &self,
+        head: &[R],
+    ) -> HashMap<AggregateKey, i64> {
+        let mut by_aggregate = HashMap::default();
+        for (row, first_seq) in head.iter().zip(&self.first_seqs) {
+            let (aggregate_type, aggregate_id) = row.aggregate();
+            by_aggregate
+                .entry(AggregateKey {
+                    aggregate_type: aggregate_type.to_owned(),
+                    aggregate_id: aggregate_id.to_owned(),
+                })
+                .or_insert(*first_seq);
+        }
+        by_aggregate
+    }
 }
 
 /// An aggregate whose rows a claim looks up: its `n` earliest pending rows
@@ -365,6 +387,8 @@ pub(crate) struct Lookup {
     pub n: i64,
     /// Where its rows in flight end ([`RunEnd`] of 0, 0 when none are).
     pub after: RunEnd,
+    /// The `seq` of its oldest row in the head.
+    pub first_seq: i64,
 }
 
 /// Decides, for each aggregate of the oldest pending rows `head` (in `seq`
@@ -390,40 +414,47 @@ pub(crate) struct Lookup {
 /// numbers in the head then have a gap or do not start where expected,
 /// and the aggregate is looked up.
 pub(crate) fn plan<R: Placed>(head: &[R], in_flight: &InFlight, settled: &Settled) -> Plan {
-    let ends: HashMap<(&str, &str), RunEnd> = in_flight
-        .runs
-        .iter()
-        .map(|(key, end)| (key.as_pair(), *end))
-        .collect();
+    let mut ends: HashMap<(&str, &str), RunEnd> =
+        HashMap::with_capacity_and_hasher(in_flight.runs.len(), Default::default());
+    ends.extend(
+        in_flight
+            .runs
+            .iter()
+            .map(|(key, end)| (key.as_pair(), *end)),
+    );
     // The head's aggregates in the order of their oldest rows (borrowed:
-    // no key is copied per row), and the head's rows aggregate by
-    // aggregate, each aggregate's in `seq` order (a stable sort).
-    let mut aggregates: Vec<(&str, &str)> = Vec::new();
-    let mut index: HashMap<(&str, &str), usize> = HashMap::default();
+    // no key is copied per row) with the `seq` of that row, and the head's
+    // rows aggregate by aggregate, each aggregate's in `seq` order (a
+    // stable sort).
+    let mut aggregates: Vec<((&str, &str), i64)> = Vec::new();
+    let mut index: HashMap<(&str, &str), usize> =
+        HashMap::with_capacity_and_hasher(head.len(), Default::default());
+    let mut plan = Plan {
+        first_seqs: Vec::with_capacity(head.len()),
+        ..Plan::default()
+    };
     let mut grouped: Vec<(usize, &R)> = head
         .iter()
         .map(|row| {
             let key = row.aggregate();
+            // The head is in `seq` order: an aggregate's first row is its
+            // oldest.
             let at = *index.entry(key).or_insert_with(|| {
-                aggregates.push(key);
+                aggregates.push((key, row.seq()));
                 aggregates.len() - 1
             });
+            plan.first_seqs.push(aggregates[at].1);
             (at, row)
         })
         .collect();
     grouped.sort_by_key(|(at, _)| *at);
     let mut rows: Vec<&R> = Vec::new();
     let mut numbers: Vec<i64> = Vec::new();
-    let mut plan = Plan::default();
     for group in grouped.chunk_by(|a, b| a.0 == b.0) {
-        let (aggregate_type, aggregate_id) = aggregates[group[0].0];
+        let (key, first_seq) = aggregates[group[0].0];
         rows.clear();
         rows.extend(group.iter().map(|(_, row)| *row));
-        let key = AggregateKey {
-            aggregate_type: aggregate_type.to_owned(),
-            aggregate_id: aggregate_id.to_owned(),
-        };
-        let end = ends.get(&(aggregate_type, aggregate_id)).copied();
+        let end = ends.get(&key).copied();
         numbers.clear();
         numbers.extend(rows.iter().filter_map(|row| row.aggregate_seq()));
         let earliest = if numbers.is_empty() {
@@ -433,7 +464,7 @@ pub(crate) fn plan<R: Placed>(head: &[R], in_flight: &InFlight, settled: &Settle
             let start = match end {
                 Some(end) if end.aggregate_seq > 0 => Some(end.aggregate_seq),
                 _ => settled
-                    .last(&key)
+                    .last_of(key)
                     .or((numbers.first() == Some(&1)).then_some(0)),
             };
             start.is_some_and(|start| {
@@ -449,41 +480,73 @@ pub(crate) fn plan<R: Placed>(head: &[R], in_flight: &InFlight, settled: &Settle
             plan.rows.extend(rows.iter().map(|row| row.seq()));
         } else {
             plan.lookups.push(Lookup {
-                key: key.clone(),
+                key: AggregateKey {
+                    aggregate_type: key.0.to_owned(),
+                    aggregate_id: key.1.to_owned(),
+                },
                 n: rows.len() as i64,
                 after: end.unwrap_or(RunEnd {
                     aggregate_seq: 0,
                     seq: 0,
                 }),
+                first_seq,
             });
         }
-        // The head is in `seq` order: the first row is the oldest.
-        plan.first_seq.insert(key, rows[0].seq());
     }
     plan
 }
 
-/// Puts claimed `records` in claim order: aggregate by aggregate in the
-/// order of their oldest head rows, each plain-SQL rows first, then by
-/// `aggregate_seq`, ties by `seq`.
-pub(crate) fn claim_order(plan: &Plan, records: &mut [OutboxRecord]) {
-    let first_seq: HashMap<(&str, &str), i64> = plan
-        .first_seq
-        .iter()
-        .map(|(key, seq)| (key.as_pair(), *seq))
-        .collect();
-    // Aggregates' oldest rows are distinct rows, so `first_seq` alone keeps
-    // each aggregate's rows together.
-    records.sort_by_cached_key(|record| {
-        (
-            first_seq
+/// The claim's rows in claim order: the rows of `head` (the rows `plan`
+/// was made from) that it takes, and `looked_up`, the rows read for its
+/// lookups; aggregate by aggregate in the order of their oldest head
+/// rows, each plain-SQL rows first, then by `aggregate_seq`, ties by
+/// `seq`.
+///
+/// Rows are ordered by a key of a few integers each and then moved once:
+/// no aggregate is hashed unless the plan looked some up.
+pub(crate) fn claim_order(
+    plan: &Plan,
+    head: Vec<OutboxRecord>,
+    looked_up: Vec<OutboxRecord>,
+) -> Vec<OutboxRecord> {
+    let mut keys: Vec<(i64, Option<i64>, i64, usize)> =
+        Vec::with_capacity(head.len() + looked_up.len());
+    let mut rows: Vec<Option<OutboxRecord>> = Vec::with_capacity(keys.capacity());
+    let mut add = |first_seq: i64, record: OutboxRecord| {
+        keys.push((first_seq, record.aggregate_seq, record.seq, rows.len()));
+        rows.push(Some(record));
+    };
+    if plan.lookups.is_empty() {
+        // Every row of the head is taken.
+        for (record, &first_seq) in head.into_iter().zip(&plan.first_seqs) {
+            add(first_seq, record);
+        }
+    } else {
+        let taken: super::FastSet<i64> = plan.rows.iter().copied().collect();
+        for (record, &first_seq) in head.into_iter().zip(&plan.first_seqs) {
+            if taken.contains(&record.seq) {
+                add(first_seq, record);
+            }
+        }
+        let first_seq: HashMap<(&str, &str), i64> = plan
+            .lookups
+            .iter()
+            .map(|lookup| (lookup.key.as_pair(), lookup.first_seq))
+            .collect();
+        for record in looked_up {
+            let first_seq = first_seq
                 .get(&(record.aggregate_type.as_str(), record.aggregate_id.as_str()))
                 .copied()
-                .unwrap_or(i64::MAX),
-            record.aggregate_seq,
-            record.seq,
-        )
-    });
+                .unwrap_or(i64::MAX);
+            add(first_seq, record);
+        }
+    }
+    // Aggregates' oldest rows are distinct rows, so the first `seq` alone
+    // keeps each aggregate's rows together.
+    keys.sort_unstable();
+    let mut ordered = Vec::with_capacity(keys.len());
+    ordered.extend(keys.iter().filter_map(|&(_, _, _, at)| rows[at].take()));
+    ordered
 }
 
 /// Aggregates per generation of [`Settled`]: two generations of about
@@ -517,7 +580,12 @@ impl Settled {
 
     /// The `aggregate_seq` of the last row of `key` this relay settled.
     pub fn last(&self, key: &AggregateKey) -> Option<i64> {
-        let hash = Self::hash(key.as_pair());
+        self.last_of(key.as_pair())
+    }
+
+    /// [`Settled::last`] of the aggregate (type, id).
+    pub(crate) fn last_of(&self, key: (&str, &str)) -> Option<i64> {
+        let hash = Self::hash(key);
         let generations = self.generations.lock().unwrap_or_else(|e| e.into_inner());
         generations[0]
             .get(&hash)
@@ -728,8 +796,7 @@ mod tests {
         );
         assert_eq!(plan.rows, [10, 12, 11]);
         assert!(plan.lookups.is_empty());
-        assert_eq!(plan.first_seq[&key("a")], 10);
-        assert_eq!(plan.first_seq[&key("b")], 11);
+        assert_eq!(plan.first_seqs, [10, 11, 10]);
     }
 
     #[test]
@@ -830,26 +897,43 @@ mod tests {
 
     #[test]
     fn the_batch_goes_out_by_aggregate_each_in_sequence_order() {
-        let plan = plan(
-            &head(&[("b", Some(1), 1), ("a", Some(2), 2), ("a", Some(1), 3)]),
-            &InFlight::default(),
-            &Settled::default(),
+        let head = head(&[("b", Some(1), 1), ("a", Some(2), 2), ("a", Some(1), 3)]);
+        let plan = plan(&head, &InFlight::default(), &Settled::default());
+        assert!(plan.lookups.is_empty(), "{plan:?}");
+        // `a3` holds number 1, `a2` number 2.
+        assert_eq!(
+            ids(claim_order(&plan, head, Vec::new())),
+            ["b1", "a3", "a2"]
         );
-        let mut records = vec![
+    }
+
+    #[test]
+    fn looked_up_rows_take_their_aggregates_place_and_replace_its_head_rows() {
+        // `a` starts at an unknown number: its head rows are left and its
+        // earliest rows looked up (here 4 and 5, the head held 5 and 6).
+        let head = head(&[
+            ("a", Some(6), 1),
+            ("b", Some(2), 2),
+            ("a", Some(5), 3),
+            ("b", Some(1), 4),
+            ("c", None, 5),
+        ]);
+        let plan = plan(&head, &InFlight::default(), &Settled::default());
+        assert_eq!(looked_up(&plan), [("a".to_owned(), 2, START)]);
+        assert_eq!(plan.lookups[0].first_seq, 1);
+        let looked_up = vec![
             OutboxRecord {
-                seq: 2,
-                ..record("a", "a2", Some(2))
+                seq: 0,
+                ..record("a", "a4", Some(4))
             },
             OutboxRecord {
                 seq: 3,
-                ..record("a", "a1", Some(1))
-            },
-            OutboxRecord {
-                seq: 1,
-                ..record("b", "b1", Some(1))
+                ..record("a", "a5", Some(5))
             },
         ];
-        claim_order(&plan, &mut records);
-        assert_eq!(ids(records), ["b1", "a1", "a2"]);
+        assert_eq!(
+            ids(claim_order(&plan, head, looked_up)),
+            ["a4", "a5", "b4", "b2", "c5"]
+        );
     }
 }

@@ -3,7 +3,6 @@
 //! not provably their earliest looked up in `aggregate_seq` order.
 
 use super::super::FastMap;
-use super::super::FastSet as HashSet;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -131,20 +130,18 @@ pub(super) async fn claim(
     // start after a hole, and are looked up below.
     let head = read(conn, &head, read_).await?;
     let plan = runs::plan(&head, in_flight, settled);
-    let mut records = head;
+    let mut looked_up = Vec::new();
     let mut held = Vec::new();
     if !plan.lookups.is_empty() {
-        let taken: HashSet<i64> = plan.rows.iter().copied().collect();
-        records.retain(|record| taken.contains(&record.seq));
-        let looked_up = look_up(conn, &plan.lookups, read_).await?;
-        records.extend(read(conn, &looked_up, read_).await?);
+        let rows = look_up(conn, &plan.lookups, read_).await?;
+        looked_up = read(conn, &rows, read_).await?;
         held = plan
             .lookups
             .iter()
             .map(|lookup| lookup.key.clone())
             .collect();
     }
-    runs::claim_order(&plan, &mut records);
+    let records = runs::claim_order(&plan, head, looked_up);
     Ok(ClaimedRows { records, held })
 }
 
