@@ -5,6 +5,8 @@
 //!   Router names for the first five), as the migrations create them;
 //! - [`headers`]: the headers of every published message;
 //! - [`topic`]: the default topic template;
+//! - [`ordering`]: the rule every writer follows so that an aggregate's
+//!   events are claimed in order;
 //! - [`wakeup`]: how a PostgreSQL writer wakes a waiting relay
 //!   (`LISTEN`/`NOTIFY` channel and advisory-lock slots).
 //!
@@ -112,6 +114,46 @@ pub mod topic {
     pub fn for_aggregate(template: &str, aggregate_type: &str) -> String {
         template.replace(AGGREGATE_TYPE_PLACEHOLDER, aggregate_type)
     }
+}
+
+/// Per-aggregate order, by construction on the write side.
+///
+/// Every writer that numbers events through the library (`outbox-core`'s
+/// `append` and the SeaORM integration, on every backend) follows one rule:
+/// it locks the aggregate's row of the [`table::SEQUENCE`] table first,
+/// then inserts the aggregate's events, drawing both `aggregate_seq` (from
+/// that row) and `seq` (the column's default) while it holds the lock, and
+/// holds it until the transaction ends. Two writers of one aggregate
+/// therefore draw their numbers one after the other, in commit order, and:
+///
+/// > within an aggregate, `seq` order is `aggregate_seq` order.
+///
+/// The relay claims pending rows by `seq` alone, so each aggregate's rows
+/// come out in its order. A writer in plain SQL keeps the invariant by the
+/// same steps, in one transaction:
+///
+/// ```sql
+/// INSERT INTO outbox_sequence (aggregatetype, aggregateid, last_seq) VALUES ('Order', '42', 1)
+///     ON CONFLICT (aggregatetype, aggregateid)
+///     DO UPDATE SET last_seq = outbox_sequence.last_seq + 1
+///     RETURNING last_seq;                    -- the row stays locked until COMMIT
+/// INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, aggregate_seq)
+///     VALUES ('0190..', 'Order', '42', 'OrderPlaced', '{}', <last_seq>);
+/// COMMIT;
+/// ```
+///
+/// (MySQL/MariaDB: `ON DUPLICATE KEY UPDATE last_seq = last_seq + 1`, then
+/// read `last_seq`.) Rows written by plain SQL without `aggregate_seq`
+/// keep their insertion (`seq`) order, as Debezium's router would publish
+/// them. The `seq` sequence must hand out values in the order they are
+/// asked for (PostgreSQL: `CACHE 1`, the default), or a number drawn later
+/// by one connection could be lower than one drawn earlier by another.
+pub mod ordering {
+    /// The outbox's insertion-order column, which the relay claims by.
+    pub const CLAIM_ORDER: &str = super::table::column::SEQ;
+    /// The per-aggregate number, which follows [`CLAIM_ORDER`] within an
+    /// aggregate.
+    pub const AGGREGATE_ORDER: &str = super::table::column::AGGREGATE_SEQ;
 }
 
 /// How a writer on PostgreSQL wakes a relay waiting for new rows.

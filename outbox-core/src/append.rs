@@ -14,17 +14,23 @@
 //! WITH saved AS (INSERT INTO orders .. RETURNING ..),
 //!      reserved AS (INSERT INTO outbox_sequence .. VALUES ($4, (SELECT "id"::text FROM saved), $5)
 //!                   ON CONFLICT .. DO UPDATE .. RETURNING ..),
-//!      appended AS (INSERT INTO outbox .. VALUES ($6, $4, (SELECT "id"::text FROM saved), ..,
-//!                   (SELECT last_seq FROM reserved), ..))
+//!      appended AS (INSERT INTO outbox (.., aggregate_seq, ..)
+//!                   SELECT .., reserved.last_seq - v.back, .. FROM (VALUES (0, $6, $4, ..)) AS v(..)
+//!                   CROSS JOIN reserved ORDER BY v.place)
 //! SELECT * FROM saved
 //! ```
 //!
 //! so the row and its events cost one round trip, the events' aggregate id
-//! computed from the saved row's key. The outbox `INSERT` is a plain
-//! `VALUES` list (no join, no sort): it costs the server little more than
-//! the rows themselves. MySQL/MariaDB and SQLite, appends of
+//! computed from the saved row's key. MySQL/MariaDB and SQLite, appends of
 //! more than 500 rows, and the rare calls the statement cannot express
 //! ([`save_and_append_statement`]) take a statement per step.
+//!
+//! Every writer draws an event's `seq` only once it holds the lock on the
+//! event's aggregate's `outbox_sequence` row, and holds it until commit
+//! (here: the rows come out of the join with `reserved`, and the `seq`
+//! default is evaluated above it). So within an aggregate `seq` order is
+//! `aggregate_seq` order, and the relay's claim by `seq` is in aggregate
+//! order ([`outbox_contract::ordering`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -394,10 +400,24 @@ impl AppendCte {
              RETURNING aggregatetype, aggregateid, last_seq",
             reserved_rows.join(", ")
         );
+        // The rows come out of a join with `reserved`, so each row's `seq`
+        // (the column default, evaluated above the join) is drawn once its
+        // aggregate's sequence row is locked; sorted by their place in the
+        // call, so an aggregate's rows draw `seq` in `aggregate_seq` order.
+        let join = if reservations.len() == 1 {
+            "CROSS JOIN reserved".to_owned()
+        } else {
+            "JOIN reserved ON reserved.aggregatetype = v.aggregatetype \
+             AND reserved.aggregateid = v.aggregateid"
+                .to_owned()
+        };
         let insert = format!(
             "INSERT INTO {OUTBOX_TABLE} \
                (id, aggregatetype, aggregateid, type, payload, event_version, aggregate_seq, traceparent) \
-             VALUES {}",
+             SELECT v.id, v.aggregatetype, v.aggregateid, v.type, v.payload, v.event_version, \
+               reserved.last_seq - v.back, v.traceparent \
+             FROM (VALUES {}) AS v(place, id, aggregatetype, aggregateid, type, payload, event_version, back, traceparent) \
+             {join} ORDER BY v.place",
             events.join(", ")
         );
         Self {
@@ -449,41 +469,31 @@ fn reservations<'a>(
         .collect()
 }
 
-/// The `VALUES` tuple of each row, in order, its `aggregate_seq` taken
-/// from its aggregate's reserved numbers.
+/// The `VALUES` tuple of each row, in order: its place in the call, its
+/// columns, and how far its `aggregate_seq` lies below its aggregate's new
+/// last number (a literal, fixed by the shape of the call).
 fn event_values(
     rows: &[(&PreparedEvent, AggregateIdSql<'_>)],
     reservations: &BTreeMap<AggregateSql<'_>, Reservation>,
     params: &mut Params,
 ) -> Vec<String> {
-    let one_aggregate = reservations.len() == 1;
     let mut positions: BTreeMap<AggregateSql, i64> = BTreeMap::new();
     rows.iter()
-        .map(|&(event, aggregate_id)| {
+        .enumerate()
+        .map(|(place, &(event, aggregate_id))| {
             let key = (event.aggregate_type, aggregate_id);
             let reservation = &reservations[&key];
             let position = positions.entry(key).or_default();
             *position += 1;
-            let last = if one_aggregate {
-                "(SELECT last_seq FROM reserved)".to_owned()
-            } else {
-                format!(
-                    "(SELECT last_seq FROM reserved WHERE aggregatetype = {} AND aggregateid = {})",
-                    reservation.aggregate_type, reservation.aggregate_id
-                )
-            };
-            let sequence = match reservation.count - *position {
-                0 => last,
-                offset => format!("{last} - {offset}"),
-            };
             format!(
-                "({}, {}, {}, {}, {}, {}, {sequence}, {})",
+                "({place}, {}, {}, {}, {}, {}, {}, {}, {})",
                 params.bind(event.id, "uuid"),
                 reservation.aggregate_type,
                 reservation.aggregate_id,
                 params.bind(event.event_type, "text"),
                 params.bind(event.payload.as_str(), "jsonb"),
                 params.bind(i64::from(event.version), "int"),
+                reservation.count - *position,
                 params.bind(event.traceparent.clone(), "text"),
             )
         })
@@ -681,10 +691,12 @@ mod tests {
         );
         assert_eq!(sql.matches(r#"(SELECT "id"::text FROM saved)"#).count(), 3);
         // The rows reuse the aggregate's placeholders and are numbered from
-        // the one reservation, the last row with its new last number.
+        // the one reservation, the last row with its new last number; they
+        // come out of the join with it, in their order, so each draws its
+        // `seq` once the aggregate is locked.
         assert!(
             sql.contains(
-                r#"VALUES ($5::uuid, $3::text, (SELECT "id"::text FROM saved), $6::text, $7::jsonb, $8::int, (SELECT last_seq FROM reserved) - 1, $9::text), ($10::uuid, $3::text, (SELECT "id"::text FROM saved), $11::text, $12::jsonb, $13::int, (SELECT last_seq FROM reserved), $14::text)) SELECT"#
+                r#"SELECT v.id, v.aggregatetype, v.aggregateid, v.type, v.payload, v.event_version, reserved.last_seq - v.back, v.traceparent FROM (VALUES (0, $5::uuid, $3::text, (SELECT "id"::text FROM saved), $6::text, $7::jsonb, $8::int, 1, $9::text), (1, $10::uuid, $3::text, (SELECT "id"::text FROM saved), $11::text, $12::jsonb, $13::int, 0, $14::text)) AS v(place, id, aggregatetype, aggregateid, type, payload, event_version, back, traceparent) CROSS JOIN reserved ORDER BY v.place) SELECT"#
             ),
             "{sql}"
         );
@@ -715,16 +727,17 @@ mod tests {
             ),
             "{sql}"
         );
-        // With several aggregates, each row picks its aggregate's reservation.
+        // With several aggregates, each row joins its aggregate's reservation.
         assert!(
             sql.contains(
-                r#"(SELECT last_seq FROM reserved WHERE aggregatetype = $4::text AND aggregateid = $5::text)"#
+                r#"(VALUES (0, $8::uuid, $4::text, $5::text, $9::text, $10::jsonb, $11::int, 0, $12::text), (1, $13::uuid, $3::text, (SELECT "id"::text FROM saved), $14::text, $15::jsonb, $16::int, 0, $17::text))"#
             ),
             "{sql}"
         );
         assert!(
             sql.contains(
-                r#"(SELECT last_seq FROM reserved WHERE aggregatetype = $3::text AND aggregateid = (SELECT "id"::text FROM saved))"#
+                "JOIN reserved ON reserved.aggregatetype = v.aggregatetype \
+                 AND reserved.aggregateid = v.aggregateid ORDER BY v.place"
             ),
             "{sql}"
         );

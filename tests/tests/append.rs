@@ -25,6 +25,8 @@ backend_tests!(
     hooks_append_events_of_saved_rows,
     hooks_refuse_saves_outside_transaction,
     concurrent_writers_get_consecutive_sequences_in_commit_order,
+    writers_on_2_aggregates_draw_seq_in_aggregate_order,
+    writers_on_20_aggregates_draw_seq_in_aggregate_order,
     plain_sql_insert_of_debezium_columns_gets_defaults,
     unserializable_payload_writes_nothing,
     traceparent_and_explicit_ids_are_stored,
@@ -289,6 +291,103 @@ async fn concurrent_writers_get_consecutive_sequences_in_commit_order(backend: B
         );
     }
     t.drop().await;
+}
+
+async fn writers_on_2_aggregates_draw_seq_in_aggregate_order(backend: Backend) {
+    writers_draw_seq_in_aggregate_order(backend, 2).await;
+}
+
+async fn writers_on_20_aggregates_draw_seq_in_aggregate_order(backend: Backend) {
+    writers_draw_seq_in_aggregate_order(backend, 20).await;
+}
+
+/// The write side of per-aggregate order (`outbox_contract::ordering`):
+/// eight writers on `aggregates` aggregates, each transaction appending
+/// to one aggregate two or three times (through `append` and through
+/// `insert_with_events`, one to three events a call) with pauses between,
+/// so that writers queue on the aggregate's sequence row while its holder
+/// still appends. The table itself must then read, per aggregate in `seq`
+/// order, the numbers 1, 2, 3, ...: `seq` order is `aggregate_seq` order.
+async fn writers_draw_seq_in_aggregate_order(backend: Backend, aggregates: usize) {
+    const WRITERS: usize = 8;
+    const ROUNDS: usize = 12;
+    let t = TestDb::new(backend).await;
+    let sqlite = backend == Backend::Sqlite;
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|writer| {
+            let db = t.db.clone();
+            tokio::spawn(async move {
+                let mut retries = 0;
+                let mut round = 0;
+                while round < ROUNDS {
+                    let aggregate = format!("agg-{}", (writer * 7 + round * 3) % aggregates);
+                    match write_round(&db, writer, round, &aggregate).await {
+                        Ok(()) => round += 1,
+                        // SQLite turns a second writer away instead of
+                        // queueing it; nothing was committed, so try again.
+                        Err(error)
+                            if sqlite && error.to_string().contains("database is locked") =>
+                        {
+                            retries += 1;
+                            assert!(retries < 500, "SQLite stayed locked: {error}");
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                        Err(error) => panic!("writer {writer} round {round}: {error}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+
+    let mut by_aggregate: HashMap<String, Vec<i64>> = HashMap::new();
+    for row in t.outbox_rows().await {
+        by_aggregate
+            .entry(row.aggregate_id)
+            .or_default()
+            .push(row.aggregate_seq.expect("numbered"));
+    }
+    assert!(by_aggregate.len() > 1, "{by_aggregate:?}");
+    for (aggregate, numbers) in &by_aggregate {
+        let expected: Vec<i64> = (1..=numbers.len() as i64).collect();
+        assert_eq!(
+            numbers, &expected,
+            "{aggregate}: aggregate_seq in seq order (the table's insertion order)"
+        );
+    }
+    t.drop().await;
+}
+
+/// One transaction of [`writers_draw_seq_in_aggregate_order`].
+async fn write_round(
+    db: &sea_orm::DatabaseConnection,
+    writer: usize,
+    round: usize,
+    aggregate: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let txn = db.begin().await?;
+    let calls = 2 + (writer + round) % 2;
+    for call in 0..calls {
+        let count = 1 + (writer + round + call) % 3;
+        let events: Vec<OutboxEvent> = (0..count)
+            .map(|n| {
+                OutboxEvent::new(issued((writer * 1000 + round * 10 + n) as i64))
+                    .aggregate_id(aggregate.to_owned())
+            })
+            .collect();
+        if call % 2 == 0 {
+            outbox_core::append(&txn, events).await?;
+        } else {
+            invoice_model(writer as i64)
+                .insert_with_events(&txn, events)
+                .await?;
+        }
+        tokio::time::sleep(Duration::from_millis(1 + (writer % 3) as u64)).await;
+    }
+    txn.commit().await?;
+    Ok(())
 }
 
 async fn plain_sql_insert_of_debezium_columns_gets_defaults(backend: Backend) {
