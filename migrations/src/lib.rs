@@ -405,6 +405,38 @@ impl MigrationTrait for MaintenanceLockPerOutbox {
     }
 }
 
+/// PostgreSQL: pending rows written by earlier appends, whose `seq` could
+/// fall below an earlier-numbered event of their aggregate, trade `seq`
+/// values within their aggregate, so that a claim by `seq` takes each
+/// aggregate in `aggregate_seq` order. Nothing on MariaDB/MySQL and
+/// SQLite, whose appends always drew `seq` under the aggregate's lock.
+pub struct PendingRowsInAggregateOrder;
+
+impl MigrationName for PendingRowsInAggregateOrder {
+    fn name(&self) -> &str {
+        "m20261207_000013_pending_rows_in_aggregate_order"
+    }
+}
+
+#[async_trait]
+impl MigrationTrait for PendingRowsInAggregateOrder {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_on_postgres(
+            manager,
+            include_str!("../sql/postgres/0013_pending_rows_in_aggregate_order.up.sql"),
+        )
+        .await
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        run_on_postgres(
+            manager,
+            include_str!("../sql/postgres/0013_pending_rows_in_aggregate_order.down.sql"),
+        )
+        .await
+    }
+}
+
 /// Runs a migration of the partitioned outbox; on SQLite, an error that
 /// says why there is none.
 async fn run_partitioned(manager: &SchemaManager<'_>, sql: &Sql) -> Result<(), DbErr> {
@@ -453,6 +485,7 @@ impl MigratorTrait for Migrator {
             Box::new(CreateInboxGaps),
             Box::new(RelaySessions),
             Box::new(CreateReplay),
+            Box::new(PendingRowsInAggregateOrder),
         ]
     }
 

@@ -24,6 +24,7 @@ pub mod health;
 pub mod message;
 pub mod metrics;
 mod nodelay;
+pub mod ordering;
 pub mod partitions;
 pub mod progress;
 pub mod record;

@@ -48,6 +48,8 @@ pub const CDC_READING: &str = "outbox_cdc_reading";
 pub const CDC_BYTES_IN_FLIGHT: &str = "outbox_cdc_bytes_in_flight";
 /// Rows of each transaction CDC mode read (a histogram).
 pub const CDC_TRANSACTION_ROWS: &str = "outbox_cdc_transaction_rows";
+/// Rows whose `aggregate_seq` fell as `seq` rose within their aggregate.
+pub const ORDER_INVERSIONS: &str = "outbox_order_inversions_total";
 /// A partitioned outbox: whole days from today that have partitions.
 pub const PARTITION_DAYS_AHEAD: &str = "outbox_partition_days_ahead";
 /// A partitioned outbox: rows in the default partition.
@@ -115,6 +117,11 @@ pub fn install(sink: &str) -> Result<PrometheusHandle, BuildError> {
     describe_histogram!(
         CDC_TRANSACTION_ROWS,
         "Outbox rows per transaction read from the replication slot (CDC mode)"
+    );
+    describe_counter!(
+        ORDER_INVERSIONS,
+        "Claimed rows whose aggregate_seq fell as seq rose within their aggregate \
+         (a writer that broke the ordering rule); sent in aggregate_seq order"
     );
     describe_gauge!(
         PARTITION_DAYS_AHEAD,
@@ -221,6 +228,11 @@ pub fn record_owned_shards(count: usize) {
 pub fn record_partitions(days_ahead: i64, default_rows: i64) {
     gauge!(PARTITION_DAYS_AHEAD).set(days_ahead as f64);
     gauge!(PARTITION_DEFAULT_ROWS).set(default_rows as f64);
+}
+
+/// Counts claimed rows whose `aggregate_seq` fell as `seq` rose.
+pub fn record_order_inversions(count: u64) {
+    counter!(ORDER_INVERSIONS).increment(count);
 }
 
 /// Records day partitions dropped by maintenance.

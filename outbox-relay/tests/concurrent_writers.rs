@@ -378,6 +378,30 @@ async fn drop_slot(t: &TestDb) {
         .expect("drop the test's publication");
 }
 
+/// The write side, read from the table itself: per aggregate, in `seq`
+/// order (the order the relay claims in), the numbers 1, 2, 3, ...
+async fn insertion_order(t: &TestDb) -> Result<(), String> {
+    let mut by_aggregate: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+    for row in t.outbox_rows().await {
+        by_aggregate
+            .entry(row.aggregate_id)
+            .or_default()
+            .push(row.aggregate_seq.unwrap_or(0));
+    }
+    for (aggregate, numbers) in by_aggregate {
+        if numbers
+            .iter()
+            .zip(1..)
+            .any(|(&number, expected)| number != expected)
+        {
+            return Err(format!(
+                "{aggregate}'s aggregate_seq in seq order reads {numbers:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 async fn run(case: Case) {
     let started = Instant::now();
     let (writers, rounds) = (writers(), rounds());
@@ -435,6 +459,7 @@ async fn run(case: Case) {
     let drained = writing.elapsed();
     let delivered = reader.stop(Duration::from_millis(500)).await;
     let verdict = check(&committed, &delivered);
+    let table = insertion_order(&t).await;
     let tails = relays.stderr_tails();
     drop(relays);
     if case.mode == Mode::Cdc {
@@ -442,6 +467,12 @@ async fn run(case: Case) {
     }
     t.drop().await;
 
+    if let Err(report) = table {
+        panic!(
+            "{}: the outbox table breaks the writers' rule: {report}",
+            case.name
+        );
+    }
     match verdict {
         Ok(verdict) => eprintln!(
             "{}: {writers} writers x {rounds} transactions on {} aggregates, {} relay(s){}: \
@@ -546,6 +577,39 @@ async fn mariadb_one_relay_batches_of_2_on_5_aggregates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_one_relay_2_aggregates() {
     run(Case::poll("maria-1relay-2agg", Backend::MySql, 2, 1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_one_relay_20_aggregates() {
+    run(Case::poll("maria-1relay-20agg", Backend::MySql, 20, 1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_one_relay_2_aggregates() {
+    run(Case::poll("sqlite-1relay-2agg", Backend::Sqlite, 2, 1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_one_relay_20_aggregates() {
+    run(Case::poll("sqlite-1relay-20agg", Backend::Sqlite, 20, 1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_cdc_2_aggregates() {
+    run(Case {
+        mode: Mode::Cdc,
+        ..Case::poll("pg-cdc-2agg", Backend::Postgres, 2, 1)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_cdc_20_aggregates() {
+    run(Case {
+        mode: Mode::Cdc,
+        ..Case::poll("pg-cdc-20agg", Backend::Postgres, 20, 1)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -26,7 +26,7 @@ use outbox_tests::stream::{append_events, check_stream, seed};
 use outbox_tests::{Backend, TestDb};
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use sea_orm::TransactionTrait;
+use sea_orm::{ConnectionTrait, TransactionTrait};
 
 /// Shows the relay's own logs in a failing test's output (`TEST_LOG` sets
 /// the filter).
@@ -63,6 +63,10 @@ async fn kafka_sink(brokers: &str) -> Arc<dyn Sink> {
 }
 
 async fn drain(t: &TestDb, sink: Arc<dyn Sink>, topics: &str) {
+    drain_with(t, sink, topics, relay_options()).await;
+}
+
+async fn drain_with(t: &TestDb, sink: Arc<dyn Sink>, topics: &str, options: RelayOptions) {
     let source = source::connect(&t.url, SourceOptions::default())
         .await
         .unwrap();
@@ -70,7 +74,7 @@ async fn drain(t: &TestDb, sink: Arc<dyn Sink>, topics: &str) {
         Arc::from(source),
         sink,
         TopicTemplate::new(format!("{topics}.{{aggregatetype}}")),
-        relay_options(),
+        options,
     );
     let (_trigger, shutdown) = Shutdown::manual();
     relay.run(shutdown).await.expect("relay run");
@@ -120,6 +124,131 @@ async fn rows_committed_out_of_sequence_order_are_published() {
         .collect();
     check_stream(&messages, &ids);
     assert_eq!(messages.last().unwrap().key.as_deref(), Some("slow"));
+    t.drop().await;
+}
+
+/// Inserts `rows` (aggregate, `aggregate_seq`) of type `Invoice` in the
+/// order given, by plain SQL; returns each row's aggregate and number by id.
+async fn insert_numbered(
+    t: &TestDb,
+    rows: &[(&'static str, i64)],
+) -> std::collections::BTreeMap<String, (&'static str, i64)> {
+    let mut ids = std::collections::BTreeMap::new();
+    for &(aggregate, number) in rows {
+        let id = uuid::Uuid::now_v7().to_string();
+        t.db.execute_unprepared(&format!(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, aggregate_seq) \
+             VALUES ('{id}', 'Invoice', '{aggregate}', 'InvoiceIssued', '{{}}', {number})"
+        ))
+        .await
+        .unwrap();
+        ids.insert(id, (aggregate, number));
+    }
+    ids
+}
+
+/// Each aggregate's numbers in the order their messages arrived on `topic`.
+fn arrivals(
+    brokers: &str,
+    topic: &str,
+    ids: &std::collections::BTreeMap<String, (&'static str, i64)>,
+) -> std::collections::BTreeMap<&'static str, Vec<i64>> {
+    let messages = kafka::consume(
+        brokers,
+        topic,
+        ids.len(),
+        Duration::from_secs(20),
+        Duration::from_millis(300),
+    );
+    let mut arrived = std::collections::BTreeMap::<&str, Vec<i64>>::new();
+    for message in &messages {
+        let (aggregate, number) = ids[&message.event_id().expect("id header")];
+        arrived.entry(aggregate).or_default().push(number);
+    }
+    arrived
+}
+
+/// Rows that break the writers' rule (numbered against their insertion
+/// order, as a foreign writer or rows restored by hand could leave them)
+/// still reach the broker in `aggregate_seq` order when one batch holds
+/// them, on every backend.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_numbered_against_seq_order_reach_the_broker_in_number_order() {
+    let brokers = kafka::brokers();
+    for backend in [Backend::Postgres, Backend::MySql, Backend::Sqlite] {
+        let topics = kafka::topic_prefix(&format!("inverted-{backend:?}").to_lowercase());
+        let t = TestDb::new(backend).await;
+        // `hand` numbered 3, 2, 1 in insertion order; `other` in order.
+        let ids = insert_numbered(
+            &t,
+            &[
+                ("hand", 3),
+                ("other", 1),
+                ("hand", 2),
+                ("hand", 1),
+                ("other", 2),
+            ],
+        )
+        .await;
+        // A bound on bytes that lets the first claim take every row.
+        let options = RelayOptions {
+            max_batch_bytes: 256 << 20,
+            ..relay_options()
+        };
+        drain_with(&t, kafka_sink(&brokers).await, &topics, options).await;
+        let arrived = arrivals(&brokers, &format!("{topics}.Invoice"), &ids);
+        assert_eq!(arrived["hand"], [1, 2, 3], "{backend:?}");
+        assert_eq!(arrived["other"], [1, 2], "{backend:?}");
+        t.drop().await;
+    }
+}
+
+/// An outbox whose pending rows an earlier PostgreSQL append left inverted
+/// within their aggregates (a waiting writer drew the lower `seq`) drains
+/// in order after the upgrade's migration, batch after batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_inverted_by_earlier_appends_drain_in_order_after_the_upgrade() {
+    use sea_orm_migration::MigratorTrait;
+    let brokers = kafka::brokers();
+    let topics = kafka::topic_prefix("upgraded");
+    let t = TestDb::new(Backend::Postgres).await;
+    outbox_migrations::Migrator::down(&t.db, Some(1))
+        .await
+        .expect("back to the previous version");
+    // As the earlier append left them: 2 before 1, 5 before 3 and 4.
+    let ids = insert_numbered(
+        &t,
+        &[
+            ("inv-a", 2),
+            ("inv-a", 1),
+            ("inv-b", 1),
+            ("inv-a", 5),
+            ("inv-a", 3),
+            ("inv-a", 4),
+            ("inv-b", 2),
+        ],
+    )
+    .await;
+    // Published history is left alone.
+    let published = uuid::Uuid::now_v7();
+    t.db.execute_unprepared(&format!(
+        "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, aggregate_seq, \
+           published_at) VALUES ('{published}', 'Invoice', 'old', 'InvoiceIssued', '{{}}', 1, now())"
+    ))
+    .await
+    .unwrap();
+    outbox_migrations::Migrator::up(&t.db, None)
+        .await
+        .expect("upgrade");
+    // Batches of two rows: every batch boundary falls inside an aggregate.
+    let options = RelayOptions {
+        batch_size: 2,
+        ..relay_options()
+    };
+    drain_with(&t, kafka_sink(&brokers).await, &topics, options).await;
+    let arrived = arrivals(&brokers, &format!("{topics}.Invoice"), &ids);
+    assert_eq!(arrived["inv-a"], [1, 2, 3, 4, 5]);
+    assert_eq!(arrived["inv-b"], [1, 2]);
     t.drop().await;
 }
 

@@ -10,16 +10,16 @@
 //! where there is one: `attempts` + 1, `last_error` = the reason,
 //! `dead_lettered_at` set, by `seq` and only while the row is still
 //! pending) and leaves it out of the batch. Its aggregate's later rows are
-//! then behind a hole in their run, which [`super::runs::unbroken_runs`]
-//! cuts; the next claim takes them, the dead letter being no longer
+//! then behind a hole in their run, which [`crate::ordering`] (or, on
+//! SQLite and MariaDB/MySQL, `runs::unbroken_runs`) cuts; the next claim takes them, the dead letter being no longer
 //! pending, as for a row the broker refused for good. `status` lists it and
 //! `retry` re-drives it once it has been fixed.
 
 use outbox_contract::table::column;
 use sqlx::{Column, ColumnIndex, Decode, Row, Type, TypeInfo, ValueRef};
 
-use super::SourceError;
 use super::runs::{Head, RunRow};
+use super::{AggregateKey, SourceError};
 use crate::record::{OutboxRecord, Partition};
 
 /// A claimed row that cannot be read: dead-lettered by `seq`, with
@@ -30,6 +30,8 @@ pub(crate) struct Undecodable {
     pub seq: i64,
     /// One line for `last_error`: `undecodable row: column ... holds ...`.
     pub reason: String,
+    /// Its aggregate, when that much of it can be read.
+    pub aggregate: Option<AggregateKey>,
 }
 
 impl Undecodable {
@@ -61,6 +63,7 @@ where
     for<'a> &'a str: ColumnIndex<R>,
     usize: ColumnIndex<R>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
 {
     let mut decoded = Decoded {
         rows: Vec::with_capacity(rows.len()),
@@ -78,9 +81,18 @@ where
                         .into(),
                     ))
                 })?;
+                let aggregate = by_name::<R, String>(row, "aggregatetype")
+                    .and_then(|aggregate_type| {
+                        Ok(AggregateKey {
+                            aggregate_type,
+                            aggregate_id: by_name::<R, String>(row, "aggregateid")?,
+                        })
+                    })
+                    .ok();
                 decoded.undecodable.push(Undecodable {
                     seq,
                     reason: format!("undecodable row: {reason}"),
+                    aggregate,
                 });
             }
         }

@@ -85,9 +85,9 @@ pub trait Source: Send + Sync {
 
     /// Claims like [`Source::claim`] while an earlier claim of this relay
     /// is still open (`in_flight`), so the relay can read the next batch
-    /// while the broker acknowledges the current one: each aggregate of
-    /// the open claim continues after its rows there, which are the
-    /// earliest pending rows of that aggregate. `None` when the source
+    /// while the broker acknowledges the current one: the rows of the open
+    /// claim, which come before the new ones in `seq` and so in their
+    /// aggregates' order, are left out. `None` when the source
     /// cannot hold two claims at once; the relay then claims after each
     /// settle.
     async fn claim_ahead(
@@ -140,78 +140,21 @@ pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::
 /// A set of [`FastMap`]'s kind.
 pub(crate) type FastSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
-/// The rows of an open claim, after which a claim ahead continues.
+/// The rows of an open claim, which a claim ahead leaves out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InFlight {
     /// The rows' `seq`.
     pub seqs: Vec<i64>,
-    /// Each aggregate of the claim with the place of its last row there
-    /// (the claim took the aggregate's earliest pending rows, up to that
-    /// place): a claim ahead continues the aggregate after it.
-    pub runs: Vec<(AggregateKey, RunEnd)>,
     /// Aggregates of which the claim holds locked rows it did not take: a
     /// claim ahead leaves them out.
     pub held: Vec<AggregateKey>,
 }
 
-/// Where an aggregate's rows in a claim end, in claim order: rows written
-/// by plain SQL (no `aggregate_seq`) first, then by `aggregate_seq`, ties by
-/// `seq`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct RunEnd {
-    /// `aggregate_seq` of the last row, 0 for a row without one (numbers
-    /// start at 1).
-    pub aggregate_seq: i64,
-    /// `seq` of the last row.
-    pub seq: i64,
-}
-
-impl RunEnd {
-    /// The place of `record` in its aggregate's claim order.
-    pub fn of(record: &OutboxRecord) -> Self {
-        Self {
-            aggregate_seq: record.aggregate_seq.unwrap_or(0),
-            seq: record.seq,
-        }
-    }
-}
-
 impl InFlight {
     /// The rows of a claim.
     pub fn of(records: &[OutboxRecord]) -> Self {
-        // A claim lists its rows aggregate by aggregate: one entry per run
-        // of rows of one aggregate, its key borrowed from its first row.
-        let mut runs: Vec<(&OutboxRecord, RunEnd)> = Vec::new();
-        for record in records {
-            let end = RunEnd::of(record);
-            match runs.last_mut() {
-                Some((first, last))
-                    if first.aggregate_type == record.aggregate_type
-                        && first.aggregate_id == record.aggregate_id =>
-                {
-                    *last = (*last).max(end);
-                }
-                _ => runs.push((record, end)),
-            }
-        }
-        // Should an aggregate's rows not be listed together, its entries
-        // merge into the first. Each aggregate's key is copied once.
-        let mut seen: FastMap<(&str, &str), usize> =
-            FastMap::with_capacity_and_hasher(runs.len(), Default::default());
-        let mut merged: Vec<(AggregateKey, RunEnd)> = Vec::with_capacity(runs.len());
-        for (first, end) in runs {
-            let key = (first.aggregate_type.as_str(), first.aggregate_id.as_str());
-            match seen.get(&key) {
-                Some(&at) => merged[at].1 = merged[at].1.max(end),
-                None => {
-                    seen.insert(key, merged.len());
-                    merged.push((AggregateKey::of(first), end));
-                }
-            }
-        }
         Self {
             seqs: records.iter().map(|record| record.seq).collect(),
-            runs: merged,
             held: Vec::new(),
         }
     }

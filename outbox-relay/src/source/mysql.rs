@@ -30,8 +30,8 @@ use super::runs::{
 };
 use super::shards::{ShardConfig, ShardStore, Taken, tables};
 use super::{
-    FailedRow, FastMap, FastSet, IdLists, InFlight, Marking, RunRow, SourceError, SourceOptions,
-    SqlSource, Typed, question_mark_pairs, question_marks,
+    FailedRow, FastMap, FastSet, IdLists, Marking, RunRow, SourceError, SourceOptions, SqlSource,
+    Typed, question_mark_pairs, question_marks,
 };
 use crate::database::DatabaseUrl;
 use crate::record::OutboxRecord;
@@ -231,7 +231,7 @@ async fn claim_runs(
     if oldest.is_empty() {
         return Ok(Vec::new());
     }
-    let plan = plan(&oldest, &InFlight::default(), &dialect.settled);
+    let plan = plan(&oldest, &dialect.settled);
     let first_seq = plan.first_seq_by_aggregate(&oldest);
     let taken: FastSet<i64> = plan.rows.iter().copied().collect();
     let mut runs: Vec<RunKey> = oldest

@@ -1,33 +1,32 @@
-//! Per-aggregate order in a claim: which rows a batch takes, and the check
-//! that each aggregate's rows in it form an unbroken run.
+//! Per-aggregate order in a claim on MariaDB/MySQL and SQLite: which rows
+//! a batch takes, and the check that each aggregate's rows in it form an
+//! unbroken run. (PostgreSQL claims the oldest rows by `seq` as they are,
+//! in the order [`crate::ordering`] hands them over.)
 //!
-//! Every source claims the same way. The oldest pending rows by `seq`
-//! choose the aggregates of the batch and how many rows each gets; each
-//! aggregate then gives that many of its earliest pending rows in
-//! `aggregate_seq` order. The rows that chose an aggregate need not be the
-//! ones it gives: a writer that waited for an aggregate's sequence row may
-//! insert with a lower `seq` than the writer it waited for, and its later
-//! event must not go first. Rows without `aggregate_seq` (written by plain
-//! SQL) come first, in `seq` order. The batch goes out aggregate by
-//! aggregate, in the order of their oldest rows; each aggregate's run in
-//! sequence order.
+//! The oldest pending rows by `seq` choose the aggregates of the batch and
+//! how many rows each gets; each aggregate then gives that many of its
+//! earliest pending rows in `aggregate_seq` order. Writers draw `seq` under
+//! the aggregate's lock ([`outbox_contract::ordering`]), so the two are
+//! nearly always the same rows; rows that break that rule are still sent
+//! in number order. Rows without `aggregate_seq` (written by plain SQL)
+//! come first, in `seq` order. The batch goes out aggregate by aggregate,
+//! in the order of their oldest rows; each aggregate's run in sequence
+//! order.
 //!
-//! PostgreSQL and MariaDB/MySQL read the oldest rows themselves and
-//! [`plan`]: an aggregate whose oldest rows are provably its earliest
-//! pending ones (their numbers continue where the aggregate is known to
-//! stand) is taken as it is, any other is looked up in `aggregate_seq`
-//! order by a second statement. PostgreSQL locks as it reads and orders
-//! the batch by [`claim_order`]; MariaDB/MySQL reads without locking,
-//! locks the chosen rows by primary key and orders them with
-//! [`in_claim_order`]. SQLite runs [`head_sql`] and [`runs_sql`] for every
-//! aggregate and orders the result with [`in_claim_order`].
+//! MariaDB/MySQL reads the oldest rows without locking and [`plan`]s: an
+//! aggregate whose oldest rows are provably its earliest pending ones
+//! (their numbers continue where the aggregate is known to stand) is taken
+//! as it is, any other is looked up in `aggregate_seq` order by a second
+//! statement; it then locks the chosen rows by primary key and orders them
+//! with [`in_claim_order`]. SQLite runs [`head_sql`] and [`runs_sql`] for
+//! every aggregate and orders the result with [`in_claim_order`].
 
 use super::FastMap as HashMap;
 
 use sqlx::{AssertSqlSafe, Database, Encode, Executor, Type};
 
+use super::AggregateKey;
 use super::dialect::ShardScope;
-use super::{AggregateKey, InFlight, RunEnd};
 use crate::record::OutboxRecord;
 
 /// A claimed row with its place in its aggregate's run: 1 for the
@@ -377,51 +376,34 @@ impl Plan {
     }
 }
 
-/// An aggregate whose rows a claim looks up: its `n` earliest pending rows
-/// after `after`.
+/// An aggregate whose rows a claim looks up: its `n` earliest pending rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Lookup {
     /// The aggregate.
     pub key: AggregateKey,
     /// How many rows it gets.
     pub n: i64,
-    /// Where its rows in flight end ([`RunEnd`] of 0, 0 when none are).
-    pub after: RunEnd,
     /// The `seq` of its oldest row in the head.
     pub first_seq: i64,
 }
 
 /// Decides, for each aggregate of the oldest pending rows `head` (in `seq`
-/// order), whether those rows are already its earliest pending ones (after
-/// its rows `in_flight`), so they can be claimed as they are, or whether
-/// its rows must be looked up in `aggregate_seq` order.
+/// order), whether those rows are already its earliest pending ones, so
+/// they can be claimed as they are, or whether its rows must be looked up
+/// in `aggregate_seq` order (MariaDB/MySQL).
 ///
-/// The head holds every pending row up to its last `seq` (leaving out rows
-/// in flight), so for an aggregate:
+/// The head holds every pending row up to its last `seq`, so for an
+/// aggregate:
 /// - rows written by plain SQL are the earliest of their kind, and come
-///   first: taken as they are, unless the aggregate has numbered rows in
-///   flight (their order is then looked up);
+///   first: taken as they are;
 /// - numbered rows are its earliest when their `aggregate_seq` are exactly
-///   the numbers after the last one known not to be pending: the end of
-///   its rows in flight, else the last one this relay settled
-///   (`settled`), else 0 when the head holds number 1 (the aggregate's
-///   first event). Numbers are given one by one per aggregate, so no
-///   pending row can lie between; anything else (an unknown start, a gap,
-///   a number given twice, rows of both kinds) is looked up.
-///
-/// A writer that waited for an aggregate's sequence row can insert its
-/// later event with a lower `seq` than the event it waited for: the
-/// numbers in the head then have a gap or do not start where expected,
-/// and the aggregate is looked up.
-pub(crate) fn plan<R: Placed>(head: &[R], in_flight: &InFlight, settled: &Settled) -> Plan {
-    let mut ends: HashMap<(&str, &str), RunEnd> =
-        HashMap::with_capacity_and_hasher(in_flight.runs.len(), Default::default());
-    ends.extend(
-        in_flight
-            .runs
-            .iter()
-            .map(|(key, end)| (key.as_pair(), *end)),
-    );
+///   the numbers after the last one known not to be pending: the last one
+///   this relay settled (`settled`), else 0 when the head holds number 1
+///   (the aggregate's first event). Numbers are given one by one per
+///   aggregate, so no pending row can lie between; anything else (an
+///   unknown start, a gap, a number given twice, rows of both kinds) is
+///   looked up.
+pub(crate) fn plan<R: Placed>(head: &[R], settled: &Settled) -> Plan {
     // The head's aggregates in the order of their oldest rows (borrowed:
     // no key is copied per row) with the `seq` of that row, and the head's
     // rows aggregate by aggregate, each aggregate's in `seq` order (a
@@ -454,19 +436,15 @@ pub(crate) fn plan<R: Placed>(head: &[R], in_flight: &InFlight, settled: &Settle
         let (key, first_seq) = aggregates[group[0].0];
         rows.clear();
         rows.extend(group.iter().map(|(_, row)| *row));
-        let end = ends.get(&key).copied();
         numbers.clear();
         numbers.extend(rows.iter().filter_map(|row| row.aggregate_seq()));
         let earliest = if numbers.is_empty() {
-            end.is_none_or(|end| end.aggregate_seq == 0)
+            true
         } else if numbers.len() == rows.len() {
             numbers.sort_unstable();
-            let start = match end {
-                Some(end) if end.aggregate_seq > 0 => Some(end.aggregate_seq),
-                _ => settled
-                    .last_of(key)
-                    .or((numbers.first() == Some(&1)).then_some(0)),
-            };
+            let start = settled
+                .last_of(key)
+                .or((numbers.first() == Some(&1)).then_some(0));
             start.is_some_and(|start| {
                 numbers
                     .iter()
@@ -485,68 +463,11 @@ pub(crate) fn plan<R: Placed>(head: &[R], in_flight: &InFlight, settled: &Settle
                     aggregate_id: key.1.to_owned(),
                 },
                 n: rows.len() as i64,
-                after: end.unwrap_or(RunEnd {
-                    aggregate_seq: 0,
-                    seq: 0,
-                }),
                 first_seq,
             });
         }
     }
     plan
-}
-
-/// The claim's rows in claim order: the rows of `head` (the rows `plan`
-/// was made from) that it takes, and `looked_up`, the rows read for its
-/// lookups; aggregate by aggregate in the order of their oldest head
-/// rows, each plain-SQL rows first, then by `aggregate_seq`, ties by
-/// `seq`.
-///
-/// Rows are ordered by a key of a few integers each and then moved once:
-/// no aggregate is hashed unless the plan looked some up.
-pub(crate) fn claim_order(
-    plan: &Plan,
-    head: Vec<OutboxRecord>,
-    looked_up: Vec<OutboxRecord>,
-) -> Vec<OutboxRecord> {
-    let mut keys: Vec<(i64, Option<i64>, i64, usize)> =
-        Vec::with_capacity(head.len() + looked_up.len());
-    let mut rows: Vec<Option<OutboxRecord>> = Vec::with_capacity(keys.capacity());
-    let mut add = |first_seq: i64, record: OutboxRecord| {
-        keys.push((first_seq, record.aggregate_seq, record.seq, rows.len()));
-        rows.push(Some(record));
-    };
-    if plan.lookups.is_empty() {
-        // Every row of the head is taken.
-        for (record, &first_seq) in head.into_iter().zip(&plan.first_seqs) {
-            add(first_seq, record);
-        }
-    } else {
-        let taken: super::FastSet<i64> = plan.rows.iter().copied().collect();
-        for (record, &first_seq) in head.into_iter().zip(&plan.first_seqs) {
-            if taken.contains(&record.seq) {
-                add(first_seq, record);
-            }
-        }
-        let first_seq: HashMap<(&str, &str), i64> = plan
-            .lookups
-            .iter()
-            .map(|lookup| (lookup.key.as_pair(), lookup.first_seq))
-            .collect();
-        for record in looked_up {
-            let first_seq = first_seq
-                .get(&(record.aggregate_type.as_str(), record.aggregate_id.as_str()))
-                .copied()
-                .unwrap_or(i64::MAX);
-            add(first_seq, record);
-        }
-    }
-    // Aggregates' oldest rows are distinct rows, so the first `seq` alone
-    // keeps each aggregate's rows together.
-    keys.sort_unstable();
-    let mut ordered = Vec::with_capacity(keys.len());
-    ordered.extend(keys.iter().filter_map(|&(_, _, _, at)| rows[at].take()));
-    ordered
 }
 
 /// Aggregates per generation of [`Settled`]: two generations of about
@@ -775,23 +696,17 @@ mod tests {
         }
     }
 
-    fn looked_up(plan: &Plan) -> Vec<(String, i64, RunEnd)> {
+    fn looked_up(plan: &Plan) -> Vec<(String, i64)> {
         plan.lookups
             .iter()
-            .map(|lookup| (lookup.key.aggregate_id.clone(), lookup.n, lookup.after))
+            .map(|lookup| (lookup.key.aggregate_id.clone(), lookup.n))
             .collect()
     }
-
-    const START: RunEnd = RunEnd {
-        aggregate_seq: 0,
-        seq: 0,
-    };
 
     #[test]
     fn an_aggregates_first_events_are_taken_as_they_are() {
         let plan = plan(
             &head(&[("a", Some(1), 10), ("b", None, 11), ("a", Some(2), 12)]),
-            &InFlight::default(),
             &Settled::default(),
         );
         assert_eq!(plan.rows, [10, 12, 11]);
@@ -811,17 +726,16 @@ mod tests {
                 ("mixed", None, 6),
                 ("mixed", Some(1), 7),
             ]),
-            &InFlight::default(),
             &Settled::default(),
         );
         assert!(plan.rows.is_empty(), "{plan:?}");
         assert_eq!(
             looked_up(&plan),
             [
-                ("unknown".to_owned(), 1, START),
-                ("gap".to_owned(), 2, START),
-                ("twice".to_owned(), 2, START),
-                ("mixed".to_owned(), 2, START),
+                ("unknown".to_owned(), 1),
+                ("gap".to_owned(), 2),
+                ("twice".to_owned(), 2),
+                ("mixed".to_owned(), 2),
             ]
         );
     }
@@ -843,97 +757,12 @@ mod tests {
         assert_eq!(settled.last(&key("b")), Some(1));
         let plan = plan(
             &head(&[("a", Some(7), 20), ("a", Some(6), 21), ("b", Some(2), 22)]),
-            &InFlight::default(),
             &settled,
         );
         assert_eq!(plan.rows, [20, 21, 22]);
         // 7 is not among the oldest rows (a writer that waited for 7's
         // writer inserted 8 first): looked up.
-        let plan = super::plan(
-            &head(&[("a", Some(8), 20), ("a", Some(6), 21)]),
-            &InFlight::default(),
-            &settled,
-        );
-        assert_eq!(looked_up(&plan), [("a".to_owned(), 2, START)]);
-    }
-
-    #[test]
-    fn a_claim_ahead_continues_after_the_rows_in_flight() {
-        let in_flight = InFlight::of(&[
-            OutboxRecord {
-                seq: 3,
-                ..record("a", "a1", Some(1))
-            },
-            OutboxRecord {
-                seq: 4,
-                ..record("a", "a2", Some(2))
-            },
-            OutboxRecord {
-                seq: 5,
-                ..record("p", "p1", None)
-            },
-        ]);
-        let plan = plan(
-            &head(&[("a", Some(3), 8), ("p", None, 9), ("a", Some(5), 10)]),
-            &in_flight,
-            &Settled::default(),
-        );
-        assert_eq!(plan.rows, [9]);
-        assert_eq!(
-            looked_up(&plan),
-            [(
-                "a".to_owned(),
-                2,
-                RunEnd {
-                    aggregate_seq: 2,
-                    seq: 4
-                }
-            )]
-        );
-        // Rows written by plain SQL after numbered rows in flight: looked up.
-        let plan = super::plan(&head(&[("a", None, 8)]), &in_flight, &Settled::default());
-        assert_eq!(plan.lookups.len(), 1);
-    }
-
-    #[test]
-    fn the_batch_goes_out_by_aggregate_each_in_sequence_order() {
-        let head = head(&[("b", Some(1), 1), ("a", Some(2), 2), ("a", Some(1), 3)]);
-        let plan = plan(&head, &InFlight::default(), &Settled::default());
-        assert!(plan.lookups.is_empty(), "{plan:?}");
-        // `a3` holds number 1, `a2` number 2.
-        assert_eq!(
-            ids(claim_order(&plan, head, Vec::new())),
-            ["b1", "a3", "a2"]
-        );
-    }
-
-    #[test]
-    fn looked_up_rows_take_their_aggregates_place_and_replace_its_head_rows() {
-        // `a` starts at an unknown number: its head rows are left and its
-        // earliest rows looked up (here 4 and 5, the head held 5 and 6).
-        let head = head(&[
-            ("a", Some(6), 1),
-            ("b", Some(2), 2),
-            ("a", Some(5), 3),
-            ("b", Some(1), 4),
-            ("c", None, 5),
-        ]);
-        let plan = plan(&head, &InFlight::default(), &Settled::default());
-        assert_eq!(looked_up(&plan), [("a".to_owned(), 2, START)]);
-        assert_eq!(plan.lookups[0].first_seq, 1);
-        let looked_up = vec![
-            OutboxRecord {
-                seq: 0,
-                ..record("a", "a4", Some(4))
-            },
-            OutboxRecord {
-                seq: 3,
-                ..record("a", "a5", Some(5))
-            },
-        ];
-        assert_eq!(
-            ids(claim_order(&plan, head, looked_up)),
-            ["a4", "a5", "b4", "b2", "c5"]
-        );
+        let plan = super::plan(&head(&[("a", Some(8), 20), ("a", Some(6), 21)]), &settled);
+        assert_eq!(looked_up(&plan), [("a".to_owned(), 2)]);
     }
 }

@@ -1,6 +1,5 @@
-//! The PostgreSQL claim: the oldest pending rows locked and read, a plan
-//! from them (`source/runs.rs`), then the aggregates whose rows there are
-//! not provably their earliest looked up in `aggregate_seq` order.
+//! The PostgreSQL claim: the oldest pending rows by `seq`, locked and read,
+//! in the order [`crate::ordering`] hands them over.
 
 use super::super::FastMap;
 
@@ -14,9 +13,9 @@ use super::super::SourceError;
 use super::super::dead_letters::park;
 use super::super::decode;
 use super::super::dialect::{ClaimRequest, ClaimedRows};
-use super::super::runs::{self, Lookup, Settled};
 use super::super::shards::ShardConfig;
 use super::PgDialect;
+use crate::ordering::{self, Hole};
 use crate::record::OutboxRecord;
 use crate::source::extra::ExtraSelect;
 
@@ -89,25 +88,22 @@ pub(super) async fn begin(
 
 /// Claims up to `request.limit` pending rows, leaving out the excluded
 /// aggregates, those the other open claim holds, and the rows of that
-/// claim (`in_flight`), which a plain `FOR UPDATE` would otherwise wait for:
-/// each aggregate continues after its rows there. The filters run below the
-/// row locks, so left-out rows are not locked.
+/// claim (`in_flight`), which a plain `FOR UPDATE` would otherwise wait for.
+/// The filters run below the row locks, so left-out rows are not locked.
 ///
-/// One statement locks and reads the oldest pending rows by `seq`; the
-/// [`runs::plan`] made from them keeps every aggregate whose rows there are
-/// provably its earliest pending ones (nearly always all of them), and a
-/// second statement looks up the others' earliest rows in `aggregate_seq`
-/// order. Such an aggregate's later rows the first statement locked stay
-/// locked, untaken, until the claim ends: the claim reports it as held, so
-/// that a claim ahead leaves it out instead of waiting for them.
+/// One statement locks and reads the oldest pending rows by `seq`: within
+/// an aggregate that is its order ([`outbox_contract::ordering`]), so the
+/// batch is those rows as [`ordering::claim_order`] hands them over. An
+/// aggregate it cuts at a hole (a row dead-lettered because it cannot be
+/// read) keeps later rows locked, untaken, until the claim ends: the claim
+/// reports it as held, so that a claim ahead leaves it out instead of
+/// waiting for them.
 pub(super) async fn claim(
     conn: &mut PgConnection,
     request: &ClaimRequest<'_>,
-    settled: &Settled,
     read_: &Read,
     window: Option<&Window>,
 ) -> Result<ClaimedRows, SourceError> {
-    let in_flight = request.in_flight;
     let bound = match window {
         Some(window) => window.current(conn).await?,
         None => Bound::default(),
@@ -125,24 +121,13 @@ pub(super) async fn claim(
             head = head_rows(conn, request, read_, &fresh).await?;
         }
     }
-    // A row that cannot be read is dead-lettered in this transaction and
-    // left out (see `source/decode.rs`); its aggregate's later rows then
-    // start after a hole, and are looked up below.
-    let head = read(conn, &head, read_).await?;
-    let plan = runs::plan(&head, in_flight, settled);
-    let mut looked_up = Vec::new();
-    let mut held = Vec::new();
-    if !plan.lookups.is_empty() {
-        let rows = look_up(conn, &plan.lookups, read_).await?;
-        looked_up = read(conn, &rows, read_).await?;
-        held = plan
-            .lookups
-            .iter()
-            .map(|lookup| lookup.key.clone())
-            .collect();
-    }
-    let records = runs::claim_order(&plan, head, looked_up);
-    Ok(ClaimedRows { records, held })
+    let (records, holes) = read(conn, &head, read_).await?;
+    let ordered = ordering::claim_order(records, &holes);
+    ordering::report(&ordered.inversions);
+    Ok(ClaimedRows {
+        records: ordered.records,
+        held: ordered.cut,
+    })
 }
 
 /// [`head_sql`]'s rows for `request`, from the days `bound` names.
@@ -243,12 +228,13 @@ impl Window {
 }
 
 /// Decodes claimed `rows`, dead-lettering in the claim's transaction those
-/// that cannot be read, and names their partitions.
+/// that cannot be read (the holes of their aggregates' runs), and names
+/// their partitions.
 async fn read(
     conn: &mut PgConnection,
     rows: &[PgRow],
     read_: &Read,
-) -> Result<Vec<OutboxRecord>, SourceError> {
+) -> Result<(Vec<OutboxRecord>, Vec<Hole>), SourceError> {
     // A row whose place cannot be read (never the row's fault) is marked
     // by its id instead.
     let ctid = decode::column_index(rows, "ctid");
@@ -260,7 +246,15 @@ async fn read(
     if let Some(names) = &read_.partition {
         names.name(conn, &mut decoded.rows).await?;
     }
-    Ok(decoded.rows)
+    let holes = decoded
+        .undecodable
+        .into_iter()
+        .map(|row| Hole {
+            seq: row.seq,
+            aggregate: row.aggregate,
+        })
+        .collect();
+    Ok((decoded.rows, holes))
 }
 
 /// The names of a partitioned outbox's partitions by oid, as claims found
@@ -400,7 +394,7 @@ fn as_read(claimed: &str, read_: &Read) -> String {
 /// Locks and reads the oldest pending rows by `seq` (the pending index),
 /// up to `$1`, leaving out the excluded aggregates `$2`/`$3`, `filter` and
 /// the rows of this relay's open claim (`$4`, by `seq`): what
-/// [`runs::plan`] decides the claim from. Both exclusions are hashed lists
+/// the claim hands over ([`ordering::claim_order`]). Both exclusions are hashed lists
 /// the scan of the pending index filters by, below the lock, whatever the
 /// table's statistics (a join there may become a nested loop over the rows
 /// in flight for every pending row when the table was never analyzed).
@@ -425,74 +419,13 @@ fn head_sql(filter: &str, read_: &Read) -> String {
     )
 }
 
-/// Locks and reads, for each aggregate `$1`/`$2`, its `$3` earliest pending
-/// rows in `aggregate_seq` order after the place `$4`/`$5` where its rows
-/// in flight end (the aggregate index, which the caller makes the planner
-/// take even without statistics; the place is a filter of the index scan,
-/// below the lock, so rows in flight are never waited for). A row another
-/// transaction changed meanwhile is read again once locked: one no longer
-/// pending is passed over and the aggregate's next row taken.
-fn lookup_sql(read_: &Read) -> String {
-    as_read(
-        &format!(
-            "SELECT run.* FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) \
-           AS lookup(aggregatetype, aggregateid, n, after_aggregate_seq, after_seq) \
-         CROSS JOIN LATERAL (\
-           SELECT {CLAIMED_COLUMNS}, {items} FROM outbox AS later \
-           WHERE later.aggregatetype = lookup.aggregatetype \
-           AND later.aggregateid = lookup.aggregateid AND {pending} \
-           AND (COALESCE(later.aggregate_seq, 0), later.seq) \
-             > (lookup.after_aggregate_seq, lookup.after_seq) \
-           ORDER BY later.aggregate_seq NULLS FIRST, later.seq \
-           LIMIT lookup.n FOR UPDATE) AS run",
-            pending = pending("later"),
-            items = read_.items(),
-        ),
-        read_,
-    )
-}
-
 /// The shard of a row: a stable hash of its aggregate.
 const SHARD_OF_ROW: &str =
     "((hashtextextended(aggregatetype || '/' || aggregateid, 0) % $5) + $5) % $5";
 
-/// Locks and reads the earliest pending rows of the aggregates `lookups`.
-async fn look_up(
-    conn: &mut PgConnection,
-    lookups: &[Lookup],
-    read_: &Read,
-) -> Result<Vec<PgRow>, SourceError> {
-    // The claim's transaction plans no sort (see `begin`): the aggregate
-    // index gives the order.
-    let rows = sqlx::query(AssertSqlSafe(lookup_sql(read_)))
-        .bind(
-            lookups
-                .iter()
-                .map(|l| l.key.aggregate_type.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            lookups
-                .iter()
-                .map(|l| l.key.aggregate_id.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(lookups.iter().map(|l| l.n).collect::<Vec<_>>())
-        .bind(
-            lookups
-                .iter()
-                .map(|l| l.after.aggregate_seq)
-                .collect::<Vec<_>>(),
-        )
-        .bind(lookups.iter().map(|l| l.after.seq).collect::<Vec<_>>())
-        .fetch_all(&mut *conn)
-        .await?;
-    Ok(rows)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{Read, head_sql, lookup_sql};
+    use super::{Read, head_sql};
 
     #[test]
     fn claims_lock_rows_as_they_are_read_never_skipping_any() {
@@ -502,8 +435,7 @@ mod tests {
             ..Read::default()
         };
         let head = head_sql(" AND shard_filter", &plain);
-        let lookups = lookup_sql(&plain);
-        for sql in [&head, &lookups, &head_sql("", &timed), &lookup_sql(&timed)] {
+        for sql in [&head, &head_sql("", &timed)] {
             assert!(!sql.contains("SKIP LOCKED"), "{sql}");
         }
         // The oldest rows are locked by the scan of the pending index that
@@ -514,12 +446,6 @@ mod tests {
                  ORDER BY seq LIMIT $1 FOR UPDATE"
             ),
             "{head}"
-        );
-        assert!(
-            lookups.contains(
-                "ORDER BY later.aggregate_seq NULLS FIRST, later.seq LIMIT lookup.n FOR UPDATE"
-            ),
-            "{lookups}"
         );
     }
 }

@@ -34,7 +34,6 @@ use sqlx::{AssertSqlSafe, Connection, Postgres};
 use tokio::sync::Mutex;
 
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect, Placeholders, ShardStatements};
-use super::runs::Settled;
 use super::shards::{ShardConfig, ShardStore};
 use super::{FailedRow, FastMap, Marking, SourceError, SourceOptions, SqlSource, Typed};
 use crate::database::DatabaseUrl;
@@ -49,8 +48,6 @@ pub type PostgresSource = SqlSource<PgDialect>;
 /// `source/runs.rs`), the wake-up listener and the row locks.
 pub struct PgDialect {
     listener: Mutex<Option<wakeup::Listener>>,
-    /// Where the aggregates this relay settled continue.
-    settled: Arc<Settled>,
     /// Whether the outbox was partitioned when the relay connected: then
     /// claims read each row's partition and marks go there, and rows
     /// published outside a claim (CDC mode) are marked by id and creation
@@ -150,7 +147,6 @@ impl Dialect for PgDialect {
         let dialect = Self {
             window: window.then(claim::Window::default),
             listener: Mutex::new(None),
-            settled: Arc::default(),
             partitioned,
             read: claim::Read {
                 created_at: options.creation_times,
@@ -189,14 +185,7 @@ impl Dialect for PgDialect {
         request: &ClaimRequest<'_>,
     ) -> Result<ClaimedRows, SourceError> {
         let dialect = source.dialect();
-        let claimed = claim::claim(
-            conn,
-            request,
-            &dialect.settled,
-            &dialect.read,
-            dialect.window.as_ref(),
-        )
-        .await?;
+        let claimed = claim::claim(conn, request, &dialect.read, dialect.window.as_ref()).await?;
         if !claimed.records.is_empty() {
             source.dialect().stop_watching().await;
         }
@@ -205,10 +194,6 @@ impl Dialect for PgDialect {
 
     async fn wait_for_rows(source: &PostgresSource, timeout: Duration) {
         source.dialect().wait_for_rows(source, timeout).await;
-    }
-
-    fn settled(&self) -> Option<&Arc<Settled>> {
-        Some(&self.settled)
     }
 
     const PLACEHOLDERS: Placeholders = Placeholders::Numbered;
