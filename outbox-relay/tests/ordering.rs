@@ -252,6 +252,40 @@ async fn rows_inverted_by_earlier_appends_drain_in_order_after_the_upgrade() {
     t.drop().await;
 }
 
+/// A `seq` sequence that hands each connection a block of values would let
+/// a later event of an aggregate take a lower `seq`: the relay refuses to
+/// start on it, naming the fix.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_seq_sequence_that_caches_values_is_refused_at_start() {
+    let t = TestDb::new(Backend::Postgres).await;
+    t.db.execute_unprepared("ALTER TABLE outbox ALTER COLUMN seq SET CACHE 20")
+        .await
+        .unwrap();
+    let error = match source::connect(&t.url, SourceOptions::default()).await {
+        Err(error) => error,
+        Ok(_) => panic!("a relay started on a sequence with CACHE 20"),
+    };
+    assert!(
+        matches!(error, SourceError::SequenceCache { cache: 20 }),
+        "{error:?}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("ALTER TABLE outbox ALTER COLUMN seq SET CACHE 1"),
+        "{error}"
+    );
+    t.db.execute_unprepared("ALTER TABLE outbox ALTER COLUMN seq SET CACHE 1")
+        .await
+        .unwrap();
+    assert!(
+        source::connect(&t.url, SourceOptions::default())
+            .await
+            .is_ok()
+    );
+    t.drop().await;
+}
+
 /// The relay dies after the broker acknowledged a batch but before the
 /// mark committed: the rows stay pending and are published again. A
 /// consumer deduplicating by the `id` header applies each event once.

@@ -336,6 +336,7 @@ pub struct DeadLetter {
 
 /// A source failure.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SourceError {
     /// The URL names no supported database.
     #[error(transparent)]
@@ -381,6 +382,18 @@ pub enum SourceError {
         /// Rows it changed.
         changed: u64,
     },
+    /// PostgreSQL: the sequence behind the outbox's `seq` hands each
+    /// connection a block of values, so a later event of an aggregate
+    /// could get a lower `seq` than an earlier one.
+    #[error(
+        "the outbox's seq sequence caches {cache} values per connection, so a later event of \
+         an aggregate can get a lower seq than an earlier one; run \
+         `ALTER TABLE outbox ALTER COLUMN seq SET CACHE 1`"
+    )]
+    SequenceCache {
+        /// The sequence's `CACHE`.
+        cache: i64,
+    },
     /// A statement failed.
     #[error("database error: {0}")]
     Query(#[from] sqlx::Error),
@@ -390,7 +403,7 @@ pub enum SourceError {
 /// [`Backend`]) and returns its source, its outbox table checked.
 pub async fn connect(url: &str, options: SourceOptions) -> Result<Box<dyn Source>, SourceError> {
     Ok(match DatabaseUrl::parse(url)?.backend() {
-        Backend::Postgres => Box::new(postgres::PostgresSource::open(url, options).await?),
+        Backend::Postgres => Box::new(postgres::open_checked(url, options).await?),
         Backend::MySql => Box::new(mysql::MySqlSource::open(url, options).await?),
         Backend::Sqlite => Box::new(sqlite::SqliteSource::open(url, options).await?),
     })
@@ -402,7 +415,7 @@ pub async fn connect_postgres(
     url: &str,
     options: SourceOptions,
 ) -> Result<postgres::PostgresSource, SourceError> {
-    postgres::PostgresSource::open(url, options).await
+    postgres::open_checked(url, options).await
 }
 
 /// Connects to a MariaDB/MySQL database (partition maintenance) and

@@ -41,6 +41,26 @@ use crate::record::{OutboxRecord, Tid};
 
 pub use wakeup::{WAKE_LOCK_KEY, WAKE_SLOTS, take_wake_slots_sql};
 
+/// Opens the source ([`PostgresSource::open`]) and checks that the
+/// outbox's `seq` sequence hands out its values in the order they are
+/// asked for (`CACHE 1`, see [`outbox_contract::ordering`]).
+pub(crate) async fn open_checked(
+    url: &str,
+    options: SourceOptions,
+) -> Result<PostgresSource, SourceError> {
+    let source = PostgresSource::open(url, options).await?;
+    let cache: Option<i64> = sqlx::query_scalar(
+        "SELECT s.seqcache FROM pg_sequence AS s \
+         WHERE s.seqrelid = pg_get_serial_sequence('outbox', 'seq')::regclass",
+    )
+    .fetch_optional(source.pool())
+    .await?;
+    match cache {
+        Some(cache) if cache > 1 => Err(SourceError::SequenceCache { cache }),
+        _ => Ok(source),
+    }
+}
+
 /// Pending rows of a PostgreSQL database.
 pub type PostgresSource = SqlSource<PgDialect>;
 
