@@ -35,24 +35,14 @@ pub(crate) fn redrive_filter(
 }
 
 /// The statement that parks a row the claim cannot read, while it is still
-/// pending, by `seq` (parameters: the reason, the `seq`): the row alone,
-/// or with `whole_aggregate` every pending row sharing its aggregate key
-/// (a key that cannot be read).
-fn park_sql<D: Dialect>(whole_aggregate: bool) -> String {
-    let seq = D::PLACEHOLDERS.nth(2);
-    let rows = if whole_aggregate {
-        format!(
-            "(aggregatetype, aggregateid) = \
-             (SELECT aggregatetype, aggregateid FROM outbox WHERE seq = {seq})"
-        )
-    } else {
-        format!("seq = {seq}")
-    };
+/// pending, by `seq` (parameters: the reason, the `seq`).
+fn park_sql<D: Dialect>() -> String {
     format!(
         "UPDATE outbox SET attempts = attempts + 1, last_error = {}, dead_lettered_at = {} \
-         WHERE {rows} AND published_at IS NULL AND dead_lettered_at IS NULL",
+         WHERE seq = {} AND published_at IS NULL AND dead_lettered_at IS NULL",
         D::PLACEHOLDERS.nth(1),
         D::NOW,
+        D::PLACEHOLDERS.nth(2),
     )
 }
 
@@ -61,7 +51,6 @@ fn park_sql<D: Dialect>(whole_aggregate: bool) -> String {
 pub(crate) async fn park<D: Dialect>(
     conn: &mut Connection<D>,
     rows: &[Undecodable],
-    whole_aggregate: bool,
 ) -> Result<u64, SourceError>
 where
     for<'c> &'c mut Connection<D>: sqlx::Executor<'c, Database = D::Db>,
@@ -72,7 +61,7 @@ where
     if rows.is_empty() {
         return Ok(0);
     }
-    let sql = park_sql::<D>(whole_aggregate);
+    let sql = park_sql::<D>();
     let mut parked = 0;
     for row in rows {
         parked += sqlx::query(AssertSqlSafe(sql.as_str()))
@@ -106,15 +95,15 @@ mod tests {
     fn parking_takes_only_rows_still_pending() {
         use crate::source::{postgres::PgDialect, sqlite::SqliteDialect};
         assert_eq!(
-            park_sql::<PgDialect>(false),
+            park_sql::<PgDialect>(),
             "UPDATE outbox SET attempts = attempts + 1, last_error = $1, dead_lettered_at = now() \
              WHERE seq = $2 AND published_at IS NULL AND dead_lettered_at IS NULL"
         );
-        assert!(
-            park_sql::<SqliteDialect>(true).contains(
-                "WHERE (aggregatetype, aggregateid) = \
-                 (SELECT aggregatetype, aggregateid FROM outbox WHERE seq = ?) AND published_at IS NULL"
-            )
+        assert_eq!(
+            park_sql::<SqliteDialect>(),
+            "UPDATE outbox SET attempts = attempts + 1, last_error = ?, \
+             dead_lettered_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+             WHERE seq = ? AND published_at IS NULL AND dead_lettered_at IS NULL"
         );
     }
 }

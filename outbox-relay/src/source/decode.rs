@@ -10,15 +10,13 @@
 //! where there is one: `attempts` + 1, `last_error` = the reason,
 //! `dead_lettered_at` set, by `seq` and only while the row is still
 //! pending) and leaves it out of the batch. Its aggregate's later rows are
-//! then behind a hole in their run, which [`crate::ordering`] (or, on
-//! SQLite and MariaDB/MySQL, `runs::unbroken_runs`) cuts; the next claim takes them, the dead letter being no longer
+//! then behind a hole in their run, which [`crate::ordering`] cuts; the next claim takes them, the dead letter being no longer
 //! pending, as for a row the broker refused for good. `status` lists it and
 //! `retry` re-drives it once it has been fixed.
 
 use outbox_contract::table::column;
 use sqlx::{Column, ColumnIndex, Decode, Row, Type, TypeInfo, ValueRef};
 
-use super::runs::{Head, RunRow};
 use super::{AggregateKey, SourceError};
 use crate::record::{OutboxRecord, Partition};
 
@@ -26,12 +24,22 @@ use crate::record::{OutboxRecord, Partition};
 /// `reason`, and left out of the batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Undecodable {
-    /// The row's `seq` (for a [`Head`], its aggregate's oldest pending row).
+    /// The row's `seq`.
     pub seq: i64,
     /// One line for `last_error`: `undecodable row: column ... holds ...`.
     pub reason: String,
     /// Its aggregate, when that much of it can be read.
     pub aggregate: Option<AggregateKey>,
+}
+
+/// The holes undecodable rows leave in their aggregates' runs.
+pub(crate) fn holes(rows: Vec<Undecodable>) -> Vec<crate::ordering::Hole> {
+    rows.into_iter()
+        .map(|row| crate::ordering::Hole {
+            seq: row.seq,
+            aggregate: row.aggregate,
+        })
+        .collect()
 }
 
 impl Undecodable {
@@ -100,29 +108,7 @@ where
     Ok(decoded)
 }
 
-/// Claimed rows with their `run_position` (SQLite, PostgreSQL).
-pub(crate) fn runs<R>(rows: &[R]) -> Result<Decoded<RunRow>, SourceError>
-where
-    R: Row,
-    for<'a> &'a str: ColumnIndex<R>,
-    usize: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> uuid::Uuid: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let columns = RecordColumns::of(rows.first());
-    let run_position = Place::of(rows.first(), "run_position");
-    decode_each(rows, "seq", |row| {
-        Ok(RunRow {
-            record: record(row, &columns)?,
-            run_position: required(row, run_position)?,
-        })
-    })
-}
-
-/// Claimed rows without positions (PostgreSQL, MariaDB/MySQL; replay's
+/// Claimed rows (every database; replay's
 /// reads), each then read further by `more` (a dialect's own columns, such
 /// as PostgreSQL's `ctid`; `|_, _| Ok(())` for none); a row `more` refuses
 /// is undecodable as any other.
@@ -152,27 +138,6 @@ where
 /// the same columns), if they have it.
 pub(crate) fn column_index<R: Row>(rows: &[R], name: &str) -> Option<usize> {
     Place::of(rows.first(), name).index
-}
-
-/// The aggregates chosen by [`super::runs::head_sql`]. One whose key cannot
-/// be read is identified by its oldest row (`first_seq`); every pending row
-/// of it shares that key, so the source dead-letters them all.
-pub(crate) fn heads<R>(rows: &[R]) -> Result<Decoded<Head>, SourceError>
-where
-    R: Row,
-    for<'a> &'a str: ColumnIndex<R>,
-    usize: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-{
-    decode_each(rows, "first_seq", |row| {
-        Ok(Head {
-            aggregatetype: by_name(row, "aggregatetype")?,
-            aggregateid: by_name(row, "aggregateid")?,
-            n: by_name(row, "n")?,
-            first_seq: by_name(row, "first_seq")?,
-        })
-    })
 }
 
 /// A column of a claim's rows: its name, and its place in the rows when
@@ -376,7 +341,7 @@ mod tests {
     use super::*;
 
     /// The claim's columns over one row of literal values.
-    async fn decode(values: &str) -> Decoded<RunRow> {
+    async fn decode(values: &str) -> Decoded<OutboxRecord> {
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .connect("sqlite::memory:")
@@ -393,7 +358,7 @@ mod tests {
             .fetch_all(&pool)
             .await
             .unwrap();
-        runs(&rows).unwrap()
+        records(&rows, |_, _| Ok(())).unwrap()
     }
 
     async fn reason(values: &str) -> String {
@@ -408,7 +373,7 @@ mod tests {
     async fn each_row_is_read_on_its_own() {
         let decoded = decode("'b', 'Order', 'b', 'E', NULL, 2, NULL, 'tp', 2, 3, NULL, 1").await;
         assert!(decoded.undecodable.is_empty(), "{:?}", decoded.undecodable);
-        let second = &decoded.rows[1].record;
+        let second = &decoded.rows[1];
         assert_eq!(
             (
                 second.payload.as_deref(),
@@ -417,7 +382,7 @@ mod tests {
             ),
             (None, None, 0.0)
         );
-        assert_eq!(decoded.rows[0].record.age_at_claim, 0.5);
+        assert_eq!(decoded.rows[0].age_at_claim, 0.5);
     }
 
     #[tokio::test]

@@ -16,7 +16,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::{Database, Encode, Pool, Type};
 
-use super::runs::Settled;
 use super::settle::Marking;
 use super::shards::{ShardConfig, ShardStore};
 use super::status::StatusRows;
@@ -108,12 +107,6 @@ pub trait Dialect: Sized + Send + Sync + 'static {
     async fn wait_for_rows(source: &SqlSource<Self>, timeout: Duration) {
         let _ = source;
         tokio::time::sleep(timeout).await;
-    }
-
-    /// Where aggregates continue after this relay's settled claims, when
-    /// the claims use it.
-    fn settled(&self) -> Option<&Arc<Settled>> {
-        None
     }
 
     /// Whether claims lock and marks find rows by id and creation time

@@ -21,8 +21,8 @@ pub mod dialect;
 pub mod extra;
 mod fencing;
 pub mod mysql;
+mod oldest;
 pub mod postgres;
-mod runs;
 mod settle;
 pub mod shards;
 mod sql;
@@ -41,8 +41,6 @@ use crate::redact::redact_url;
 pub(crate) use dead_letters::redrive_filter;
 pub(crate) use decode::records as decode_records;
 pub use dialect::Dialect;
-pub(crate) use runs::RunRow;
-pub use runs::Settled;
 pub use settle::{IdLists, Marking};
 pub use sql::SqlSource;
 pub use statements::SharedStatements;
@@ -134,7 +132,7 @@ pub trait Source: Send + Sync {
 
 /// A hash map for the relay's own bookkeeping of a batch (claims, plans,
 /// settles): a fast hash, randomly seeded per map. Aggregate keys come from
-/// the table; what must not collide is hashed apart ([`runs::Settled`]).
+/// the table.
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A set of [`FastMap`]'s kind.

@@ -2,8 +2,8 @@
 //! locks, so the application's inserts never wait for the relay) held until
 //! the batch is settled; polls for new rows.
 //!
-//! A claim takes each aggregate's rows in `aggregate_seq` order (see
-//! `source/runs.rs`): it reads the chosen ids without locking, then locks
+//! A claim takes the oldest pending rows by `seq`, each aggregate's order
+//! (see `crate::ordering`): it reads their ids without locking, then locks
 //! exactly those rows by primary key. InnoDB locks every record a locking
 //! scan passes, so a single locking scan filtered by shard would wait on
 //! other instances' rows. With shard ownership (the relay's mode), the
@@ -24,16 +24,14 @@ use super::dead_letters::park;
 use super::decode;
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect, ShardStatements};
 use super::extra::{self, ExtraSelect};
-use super::runs::{
-    Head, RunKey, Settled, by_first_seq, exclusion, oldest_sql, plan, read_heads, read_runs,
-    run_positions,
-};
+use super::oldest::{RunKey, exclusion, oldest_sql, read_heads};
 use super::shards::{ShardConfig, ShardStore, Taken, tables};
 use super::{
-    FailedRow, FastMap, FastSet, IdLists, Marking, RunRow, SourceError, SourceOptions, SqlSource,
-    Typed, question_mark_pairs, question_marks,
+    AggregateKey, FailedRow, FastMap, FastSet, IdLists, Marking, SourceError, SourceOptions,
+    SqlSource, Typed, question_mark_pairs, question_marks,
 };
 use crate::database::DatabaseUrl;
+use crate::ordering::{self, Hole};
 use crate::record::OutboxRecord;
 
 /// A zero `created_at` (`0000-00-00`, which MariaDB accepts by default)
@@ -45,7 +43,7 @@ const COLUMNS: &str = "id, aggregatetype, aggregateid, type, CAST(payload AS CHA
 
 const PENDING: &str = "published_at IS NULL AND dead_lettered_at IS NULL";
 
-/// A claim's oldest rows and lookups: [`RUN_COLUMNS`](super::runs::RUN_COLUMNS) and the creation
+/// A claim's oldest rows: what a [`RunKey`] holds, the creation
 /// time, exactly as [`COLUMNS`] reads it.
 const RUN_KEY_COLUMNS: &str = "id, aggregatetype, aggregateid, aggregate_seq, seq, \
      CAST(created_at AS CHAR) AS created_at";
@@ -62,8 +60,6 @@ pub struct MySqlDialect {
     session: SessionSetup,
     /// The extra columns' select items.
     extra: ExtraSelect,
-    /// Where the aggregates this relay settled continue.
-    settled: Arc<Settled>,
     /// Whether the outbox was partitioned when the relay connected.
     partitioned: bool,
 }
@@ -106,14 +102,9 @@ impl Dialect for MySqlDialect {
             Self {
                 session,
                 extra,
-                settled: Arc::default(),
                 partitioned,
             },
         ))
-    }
-
-    fn settled(&self) -> Option<&Arc<Settled>> {
-        Some(&self.settled)
     }
 
     /// On a partitioned outbox. A relay started before a live conversion
@@ -135,7 +126,7 @@ impl Dialect for MySqlDialect {
 
     /// With shards, rows a previous owner still holds are waited for;
     /// without, rows another claim holds are skipped (`SKIP LOCKED`) and a
-    /// run that loses a row that way is cut there by `runs::unbroken_runs`.
+    /// run that loses a row that way is cut there ([`crate::ordering`]).
     async fn claim(
         source: &MySqlSource,
         conn: &mut MySqlConnection,
@@ -153,9 +144,7 @@ impl Dialect for MySqlDialect {
             }
         };
         let dialect = source.dialect();
-        Ok(claim_runs(conn, &filter, request, lock, dialect)
-            .await?
-            .into())
+        claim_runs(conn, &filter, request, lock, dialect).await
     }
 
     const NOW: &'static str = "UTC_TIMESTAMP(6)";
@@ -193,30 +182,28 @@ impl Dialect for MySqlDialect {
     }
 }
 
-/// Claims up to `limit` rows in aggregate order (see `source/runs.rs`):
-/// reads the oldest pending rows passing `filter` (its parameters: the
-/// excluded pairs, then the shard count and the shards when sharded),
-/// without locking; takes each aggregate's rows there as they are when
-/// [`plan`] proves them its earliest pending ones (nearly always), and
-/// looks up the others' earliest rows in `aggregate_seq` order; then locks
-/// exactly those rows by primary key (`lock` appended to `FOR UPDATE`), on
-/// a partitioned outbox with their creation times, which name their
-/// partitions (see [`Dialect::marks_by_creation_time`]).
-/// InnoDB locks every record a locking scan passes, so a locking scan
-/// filtered by shard would wait on other instances' rows.
+/// Claims up to `limit` rows: reads the oldest pending rows by `seq`
+/// passing `filter` (its parameters: the excluded pairs, then the shard
+/// count and the shards when sharded), without locking, then locks exactly
+/// those rows by primary key (`lock` appended to `FOR UPDATE`), on a
+/// partitioned outbox with their creation times, which name their
+/// partitions (see [`Dialect::marks_by_creation_time`]). InnoDB locks
+/// every record a locking scan passes, so a locking scan filtered by shard
+/// would wait on other instances' rows.
 ///
-/// The oldest rows are one consistent read: an aggregate's numbered rows
-/// commit in number order (each writer holds the aggregate's sequence row
-/// until it commits), so a numbered row it shows has every earlier one
-/// committed. Aggregates with rows in this relay's other claim are left
-/// out by `filter`, so none continues after rows in flight.
+/// The oldest rows are one consistent read: each writer draws an event's
+/// `seq` under its aggregate's lock and holds it until it commits, so a
+/// numbered row it shows has every earlier one of its aggregate committed.
+/// A row read but not locked (skipped as locked, or no longer pending) or
+/// not readable (dead-lettered here) cuts its aggregate's run
+/// ([`crate::ordering`]).
 async fn claim_runs(
     conn: &mut MySqlConnection,
     filter: &str,
     request: &ClaimRequest<'_>,
     lock: &str,
     dialect: &MySqlDialect,
-) -> Result<Vec<OutboxRecord>, SourceError> {
+) -> Result<ClaimedRows, SourceError> {
     let oldest = read_heads::<MySql>(
         conn,
         &oldest_sql(RUN_KEY_COLUMNS, filter),
@@ -229,75 +216,54 @@ async fn claim_runs(
     .map(RunKey::from_row)
     .collect::<Result<Vec<_>, _>>()?;
     if oldest.is_empty() {
-        return Ok(Vec::new());
+        return Ok(ClaimedRows::default());
     }
-    let plan = plan(&oldest, &dialect.settled);
-    let first_seq = plan.first_seq_by_aggregate(&oldest);
-    let taken: FastSet<i64> = plan.rows.iter().copied().collect();
-    let mut runs: Vec<RunKey> = oldest
-        .into_iter()
-        .filter(|row| taken.contains(&row.seq))
-        .collect();
-    if !plan.lookups.is_empty() {
-        let lookups: Vec<Head> = plan
-            .lookups
-            .iter()
-            .map(|lookup| Head {
-                aggregatetype: lookup.key.aggregate_type.clone(),
-                aggregateid: lookup.key.aggregate_id.clone(),
-                n: lookup.n,
-                first_seq: lookup.first_seq,
-            })
-            .collect();
-        for row in read_runs::<MySql>(conn, RUN_KEY_COLUMNS, &lookups, false).await? {
-            runs.push(RunKey::from_row(&row)?);
-        }
-    }
-    if runs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let created_at: Vec<(String, String)> = runs
-        .iter()
-        .map(|row| (row.id.clone(), row.created_at.clone().unwrap_or_default()))
-        .collect();
-    let positions = run_positions(runs);
-
     let extra = &dialect.extra.items;
     let (key, placeholders) = if dialect.partitioned {
-        ("(id, created_at)", question_mark_pairs(created_at.len()))
+        ("(id, created_at)", question_mark_pairs(oldest.len()))
     } else {
-        ("id", question_marks(created_at.len()))
+        ("id", question_marks(oldest.len()))
     };
     let lock_sql = format!(
         "SELECT {COLUMNS}{extra} FROM outbox WHERE {key} IN ({placeholders}) \
          AND {PENDING} FOR UPDATE{lock}"
     );
     let mut query = sqlx::query(AssertSqlSafe(lock_sql));
-    for (id, created_at) in &created_at {
-        query = query.bind(id);
+    for row in &oldest {
+        query = query.bind(&row.id);
         if dialect.partitioned {
-            query = query.bind(created_at);
+            query = query.bind(row.created_at.as_deref().unwrap_or_default());
         }
     }
     let locked = query.fetch_all(&mut *conn).await?;
     // A row that cannot be read is dead-lettered in this transaction and
-    // left out; the rows of its aggregate after it wait for the next claim
-    // (see `source/decode.rs`).
+    // left out (see `source/decode.rs`).
     let decoded = decode::records(&locked, |_, _| Ok(()))?;
-    park::<MySqlDialect>(conn, &decoded.undecodable, false).await?;
-    let rows = decoded
-        .rows
-        .into_iter()
-        .map(|record| RunRow {
-            run_position: positions[&record.id],
-            record,
-        })
-        .collect();
-    let first_seq: FastMap<(&str, &str), i64> = first_seq
-        .iter()
-        .map(|(key, first_seq)| (key.as_pair(), *first_seq))
-        .collect();
-    Ok(by_first_seq(&first_seq, rows))
+    park::<MySqlDialect>(conn, &decoded.undecodable).await?;
+    let mut records = decoded.rows;
+    records.sort_unstable_by_key(|record| record.seq);
+    let holes = if records.len() == oldest.len() {
+        Vec::new()
+    } else {
+        let taken: FastSet<i64> = records.iter().map(|record| record.seq).collect();
+        oldest
+            .into_iter()
+            .filter(|row| !taken.contains(&row.seq))
+            .map(|row| Hole {
+                seq: row.seq,
+                aggregate: Some(AggregateKey {
+                    aggregate_type: row.aggregatetype,
+                    aggregate_id: row.aggregateid,
+                }),
+            })
+            .collect()
+    };
+    let ordered = ordering::claim_order(records, &holes);
+    ordering::report(&ordered.inversions);
+    Ok(ClaimedRows {
+        records: ordered.records,
+        held: ordered.cut,
+    })
 }
 
 /// On a partitioned outbox by id and creation time, as its claims lock

@@ -3,15 +3,11 @@
 //! the failures and commits, all in the claim's transaction where it holds
 //! one; nothing is marked when any step fails.
 
-use super::FastSet as HashSet;
-use std::sync::Arc;
-
 use async_trait::async_trait;
 use sqlx::{AssertSqlSafe, Database, Encode, Pool, Transaction, Type};
 
 use super::dialect::{Connection, Dialect};
 use super::fencing::Fencing;
-use super::runs::Settled;
 use super::{Claim, FailedRow, Settlement, SharedStatements, SourceError};
 use crate::record::OutboxRecord;
 
@@ -28,8 +24,6 @@ pub(crate) struct SqlClaim<D: Dialect> {
     /// See [`Dialect::marks_by_creation_time`].
     pub mark_by_time: bool,
     pub fencing: Option<Fencing>,
-    /// Told where each aggregate continues once the settle committed.
-    pub settled: Option<Arc<Settled>>,
 }
 
 #[async_trait]
@@ -78,35 +72,8 @@ impl<D: SharedStatements> Claim for SqlClaim<D> {
             D::Marking::record_failures(&mut txn, &settlement.failed).await?;
         }
         txn.commit().await?;
-        if let Some(settled) = &this.settled {
-            settled_rows(settled, &this.records, settlement);
-        }
         Ok(())
     }
-}
-
-/// Records in `settled` where each aggregate of a committed settlement
-/// continues.
-fn settled_rows(settled: &Settled, records: &[OutboxRecord], settlement: &Settlement) {
-    // Published lists each row at most once: as many as the claim's rows
-    // is every row (the usual case), with no set of ids to build.
-    if settlement.published.len() == records.len() {
-        settled.record(records, |_| false);
-        return;
-    }
-    let done: HashSet<&str> = settlement
-        .published
-        .iter()
-        .map(String::as_str)
-        .chain(
-            settlement
-                .failed
-                .iter()
-                .filter(|row| row.dead_letter)
-                .map(|row| row.id.as_str()),
-        )
-        .collect();
-    settled.record(records, |record| !done.contains(record.id.as_str()));
 }
 
 /// How a dialect marks a settled claim's rows, in the claim's transaction.
@@ -188,61 +155,5 @@ where
                 .await?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::record::test_record;
-    use crate::source::{AggregateKey, FailedRow};
-
-    fn numbered(id: &str, aggregate: &str, aggregate_seq: i64) -> OutboxRecord {
-        OutboxRecord {
-            aggregate_seq: Some(aggregate_seq),
-            ..test_record(id, aggregate, 0)
-        }
-    }
-
-    fn last(settled: &Settled, aggregate: &str) -> Option<i64> {
-        settled.last(&AggregateKey::of(&test_record("", aggregate, 0)))
-    }
-
-    /// An aggregate continues after its last row settled before the first
-    /// that stays pending; a dead-lettered row counts as settled.
-    #[test]
-    fn each_aggregate_continues_after_its_settled_rows() {
-        let records = [
-            numbered("a1", "a", 1),
-            numbered("b1", "b", 1),
-            numbered("a2", "a", 2),
-            numbered("b2", "b", 2),
-            numbered("a3", "a", 3),
-            numbered("c1", "c", 1),
-            numbered("c2", "c", 2),
-        ];
-        let failed = |id: &str, dead_letter| FailedRow {
-            id: id.into(),
-            error: "refused".into(),
-            dead_letter,
-        };
-        let settled = Settled::default();
-        let settlement = Settlement {
-            published: ["a1", "b1", "b2", "c2"].map(String::from).to_vec(),
-            failed: vec![failed("a2", false), failed("c1", true)],
-        };
-        settled_rows(&settled, &records, &settlement);
-        assert_eq!(last(&settled, "a"), Some(1), "a2 stays pending");
-        assert_eq!(last(&settled, "b"), Some(2));
-        assert_eq!(last(&settled, "c"), Some(2), "c1 is dead-lettered");
-
-        let settled = Settled::default();
-        let every = Settlement {
-            published: records.iter().map(|record| record.id.clone()).collect(),
-            failed: Vec::new(),
-        };
-        settled_rows(&settled, &records, &every);
-        assert_eq!(last(&settled, "a"), Some(3));
-        assert_eq!(last(&settled, "c"), Some(2));
     }
 }

@@ -184,7 +184,6 @@ impl<D: SharedStatements> SqlSource<D> {
                 owned,
                 membership: sharding.membership.clone(),
             }),
-            settled: self.dialect.settled().cloned(),
         })))
     }
 }

@@ -19,12 +19,14 @@ use sqlx::sqlite::{
 use sqlx::{Connection, Row, Sqlite};
 
 use super::dead_letters::park;
+use super::decode::holes;
 use super::decode::{self, Undecodable};
 use super::dialect::{ClaimRequest, ClaimedRows, Dialect};
 use super::extra;
-use super::runs::{exclusion, head_sql, in_claim_order, read_heads, read_runs};
+use super::oldest::{exclusion, oldest_sql, read_heads};
 use super::{DeadLetter, IdLists, SourceError, SourceOptions, SqlSource, StatusRows, TypeBacklog};
 use crate::database::DatabaseUrl;
+use crate::ordering;
 
 /// The columns of a claimed row, named as [`OutboxRecord`](crate::record::OutboxRecord)'s fields.
 const COLUMNS: &str = "id, aggregatetype, aggregateid, type, payload, event_version, \
@@ -68,41 +70,33 @@ impl Dialect for SqliteDialect {
 
     const HOLDS_CLAIMS: bool = false;
 
+    /// The oldest pending rows by `seq`, each read on its own: one that
+    /// cannot be read is dead-lettered at once and cuts its aggregate's run
+    /// (see [`crate::ordering`]).
     async fn claim(
         source: &SqliteSource,
         conn: &mut SqliteConnection,
         request: &ClaimRequest<'_>,
     ) -> Result<ClaimedRows, SourceError> {
-        let filter = exclusion(request.excluded.len(), true);
+        let sql = oldest_sql(
+            &source.dialect().columns,
+            &exclusion(request.excluded.len(), true),
+        );
         loop {
-            let rows = read_heads::<Sqlite>(
-                conn,
-                &head_sql(&filter),
-                request.excluded,
-                None,
-                request.limit,
-            )
-            .await?;
-            let heads = decode::heads(&rows)?;
-            // A key that cannot be read is every row of its aggregate's.
-            let mut dead_lettered = dead_letter(conn, &heads.undecodable, true).await?;
-            let heads = heads.rows;
-            let records = if heads.is_empty() {
-                Vec::new()
-            } else {
-                let rows =
-                    read_runs::<Sqlite>(conn, &source.dialect().columns, &heads, true).await?;
-                let runs = decode::runs(&rows)?;
-                dead_lettered += dead_letter(conn, &runs.undecodable, false).await?;
-                // A dead letter leaves a hole in its aggregate's run: the
-                // rows after it wait for the next claim.
-                in_claim_order(&heads, runs.rows)
-            };
+            let rows =
+                read_heads::<Sqlite>(conn, &sql, request.excluded, None, request.limit).await?;
+            let decoded = decode::records(&rows, |_, _| Ok(()))?;
+            let dead_lettered = dead_letter(conn, &decoded.undecodable).await?;
+            let ordered = ordering::claim_order(decoded.rows, &holes(decoded.undecodable));
+            ordering::report(&ordered.inversions);
             // Claim again at once rather than after a poll interval when
             // only rows that cannot be read were found; each round parks
             // at least one, so this ends.
-            if !records.is_empty() || dead_lettered == 0 {
-                return Ok(records.into());
+            if !ordered.records.is_empty() || dead_lettered == 0 {
+                return Ok(ClaimedRows {
+                    records: ordered.records,
+                    held: ordered.cut,
+                });
             }
         }
     }
@@ -182,13 +176,12 @@ impl StatusRows<Sqlite> for SqliteDialect {
 async fn dead_letter(
     conn: &mut SqliteConnection,
     undecodable: &[Undecodable],
-    whole_aggregate: bool,
 ) -> Result<u64, SourceError> {
     if undecodable.is_empty() {
         return Ok(0);
     }
     let mut txn = conn.begin().await?;
-    let parked = park::<SqliteDialect>(&mut txn, undecodable, whole_aggregate).await?;
+    let parked = park::<SqliteDialect>(&mut txn, undecodable).await?;
     txn.commit().await?;
     Ok(parked)
 }

@@ -242,19 +242,11 @@ async fn read(
         record.ctid = ctid.and_then(|index| row.try_get(index).ok());
         Ok(())
     })?;
-    park::<PgDialect>(conn, &decoded.undecodable, false).await?;
+    park::<PgDialect>(conn, &decoded.undecodable).await?;
     if let Some(names) = &read_.partition {
         names.name(conn, &mut decoded.rows).await?;
     }
-    let holes = decoded
-        .undecodable
-        .into_iter()
-        .map(|row| Hole {
-            seq: row.seq,
-            aggregate: row.aggregate,
-        })
-        .collect();
-    Ok((decoded.rows, holes))
+    Ok((decoded.rows, decode::holes(decoded.undecodable)))
 }
 
 /// The names of a partitioned outbox's partitions by oid, as claims found
