@@ -1,11 +1,10 @@
-//! What a claim takes, on every backend: each aggregate's pending rows in
-//! `aggregate_seq` order, whatever order they were inserted in, never a
-//! later event while an earlier one stays pending outside the claim.
+//! What a claim takes, on every backend: the oldest pending rows by `seq`,
+//! which writers that follow `outbox_contract::ordering` give in each
+//! aggregate's `aggregate_seq` order; rows that break the rule go out in
+//! number order within a batch.
 //!
 //! The rows are written by plain SQL with the sequence numbers a writer
-//! would have been given, inserted in the order concurrent writers can
-//! produce on PostgreSQL: the writer that waited for the aggregate's
-//! sequence row (and so got the later number) inserts first.
+//! would have been given.
 
 use std::time::Duration;
 
@@ -91,29 +90,44 @@ fn sharded() -> SourceOptions {
     }
 }
 
-/// Rows of one aggregate inserted against their sequence order come out in
-/// sequence order, and a batch limit never lets a later event go first.
+/// Rows inserted as the writers' rule gives them are claimed by `seq`,
+/// batch after batch, each aggregate in its order; rows inserted against
+/// their numbers go out in number order within one batch.
 async fn inverted_inserts_are_claimed_in_sequence_order(backend: Backend, options: SourceOptions) {
     let t = TestDb::new(backend).await;
     insert(
         &t,
         &[
-            ("a", Some(2)),
-            ("b", Some(1)),
             ("a", Some(1)),
-            ("a", Some(4)),
+            ("b", Some(1)),
+            ("a", Some(2)),
             ("a", Some(3)),
             ("b", Some(2)),
         ],
     )
     .await;
     let source = source::connect(&t.url, options).await.expect("source");
-    // The oldest row (a-2) chooses aggregate a for one row: its first.
     assert_eq!(claim(source.as_ref(), 1).await, ["a-1"]);
-    // Three rows: a's next two (its share of the oldest rows), then b's.
-    assert_eq!(claim(source.as_ref(), 3).await, ["a-2", "a-3", "b-1"]);
-    assert_eq!(claim(source.as_ref(), 10).await, ["a-4", "b-2"]);
+    assert_eq!(claim(source.as_ref(), 3).await, ["b-1", "a-2", "a-3"]);
+    assert_eq!(claim(source.as_ref(), 10).await, ["b-2"]);
     assert!(claim(source.as_ref(), 10).await.is_empty());
+    // Against the rule: a's numbers fall as `seq` rises.
+    insert(
+        &t,
+        &[
+            ("a", Some(5)),
+            ("b", Some(3)),
+            ("a", Some(4)),
+            ("a", Some(7)),
+            ("a", Some(6)),
+            ("b", Some(4)),
+        ],
+    )
+    .await;
+    assert_eq!(
+        claim(source.as_ref(), 10).await,
+        ["a-4", "b-3", "a-5", "a-6", "a-7", "b-4"]
+    );
     source.close().await;
     t.drop().await;
 }
@@ -127,7 +141,7 @@ async fn plain_sql_rows_keep_insertion_order(backend: Backend) {
         .expect("source");
     assert_eq!(
         claim(source.as_ref(), 3).await,
-        ["p-plain0", "p-plain2", "q-plain1"]
+        ["p-plain0", "q-plain1", "p-plain2"]
     );
     assert_eq!(claim(source.as_ref(), 10).await, ["p-plain3"]);
     t.drop().await;
@@ -181,8 +195,8 @@ fn event_types(records: &[outbox_relay::record::OutboxRecord]) -> Vec<String> {
         .collect()
 }
 
-/// A claim made while an earlier one is at the broker continues each
-/// aggregate after its rows in that claim, without waiting for them.
+/// A claim made while an earlier one is at the broker takes the rows after
+/// those in flight, without waiting for them.
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_claims_ahead_continue_each_run() {
     let t = TestDb::new(Backend::Postgres).await;
@@ -205,53 +219,13 @@ async fn postgres_claims_ahead_continue_each_run() {
         .await
         .expect("claim ahead")
         .expect("PostgreSQL claims ahead");
-    // Aggregates go by their oldest rows left: b-1 came before a-3.
+    // By `seq`, after the rows in flight.
     assert_eq!(event_types(ahead.records()), ["b-1", "a-3", "a-4"]);
     drop(ahead);
     drop(first);
     assert_eq!(
         claim(source.as_ref(), 10).await,
-        ["a-1", "a-2", "a-3", "a-4", "b-1"]
-    );
-    source.close().await;
-    t.drop().await;
-}
-
-/// An aggregate whose rows a claim had to look up in sequence order (its
-/// oldest rows by insertion were not its earliest) may have later rows
-/// locked by that claim but not taken: a claim ahead leaves the aggregate
-/// out instead of waiting for them, and takes the others.
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_claims_ahead_leave_out_aggregates_held_by_a_lookup() {
-    let t = TestDb::new(Backend::Postgres).await;
-    insert(
-        &t,
-        &[
-            ("a", Some(3)),
-            ("a", Some(1)),
-            ("b", Some(1)),
-            ("a", Some(2)),
-            ("a", Some(4)),
-        ],
-    )
-    .await;
-    let source = source::connect(&t.url, sharded()).await.expect("source");
-    // The two oldest rows (a-3, a-1) choose two rows of a: its first two.
-    let first = source.claim(2, &[]).await.expect("claim");
-    assert_eq!(event_types(first.records()), ["a-1", "a-2"]);
-    // Waiting for a-3, which the first claim holds, would end in the
-    // claims' lock timeout, an error.
-    let ahead = source
-        .claim_ahead(10, &[], &first.in_flight())
-        .await
-        .expect("a claim ahead never waits for the rows of the open claim")
-        .expect("PostgreSQL claims ahead");
-    assert_eq!(event_types(ahead.records()), ["b-1"]);
-    drop(ahead);
-    drop(first);
-    assert_eq!(
-        claim(source.as_ref(), 10).await,
-        ["a-1", "a-2", "a-3", "a-4", "b-1"]
+        ["a-1", "a-2", "b-1", "a-3", "a-4"]
     );
     source.close().await;
     t.drop().await;
