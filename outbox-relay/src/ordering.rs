@@ -72,12 +72,12 @@ pub(crate) fn claim_order(rows: Vec<OutboxRecord>, holes: &[Hole]) -> Ordered {
             .map(|hole| hole.seq)
             .min()
     };
-    // Per aggregate: its first hole, the highest number handed over so
-    // far, and whether it fell.
-    let mut seen: FastMap<(&str, &str), (Option<i64>, i64, bool)> =
+    // Per aggregate: its first hole, and the highest number handed over
+    // so far.
+    let mut seen: FastMap<(&str, &str), (Option<i64>, i64)> =
         FastMap::with_capacity_and_hasher(rows.len(), Default::default());
-    let mut kept = Vec::with_capacity(rows.len());
-    let mut inverted = false;
+    // Whether each row is handed over, once a row was left out.
+    let mut kept: Vec<bool> = Vec::new();
     for (at, row) in rows.iter().enumerate() {
         let key = (row.aggregate_type.as_str(), row.aggregate_id.as_str());
         let state = seen.entry(key).or_insert_with(|| {
@@ -86,16 +86,21 @@ pub(crate) fn claim_order(rows: Vec<OutboxRecord>, holes: &[Hole]) -> Ordered {
             } else {
                 first_hole(key)
             };
-            (hole, 0, false)
+            (hole, 0)
         });
         if state.0.is_some_and(|hole| hole < row.seq) {
+            if kept.is_empty() {
+                kept = vec![true; at];
+            }
+            kept.push(false);
             ordered.left_out += 1;
             continue;
         }
+        if !kept.is_empty() {
+            kept.push(true);
+        }
         if let Some(number) = row.aggregate_seq {
             if number < state.1 {
-                state.2 = true;
-                inverted = true;
                 ordered.inversions.push(Inversion {
                     aggregate: AggregateKey::of(row),
                     higher: state.1,
@@ -104,12 +109,11 @@ pub(crate) fn claim_order(rows: Vec<OutboxRecord>, holes: &[Hole]) -> Ordered {
             }
             state.1 = state.1.max(number);
         }
-        kept.push(at);
     }
     if !holes.is_empty() {
         ordered.cut = seen
             .iter()
-            .filter(|(_, (hole, _, _))| hole.is_some())
+            .filter(|(_, (hole, _))| hole.is_some())
             .map(|((aggregate_type, aggregate_id), _)| AggregateKey {
                 aggregate_type: (*aggregate_type).to_owned(),
                 aggregate_id: (*aggregate_id).to_owned(),
@@ -117,36 +121,38 @@ pub(crate) fn claim_order(rows: Vec<OutboxRecord>, holes: &[Hole]) -> Ordered {
             .collect();
         ordered.cut.sort();
     }
-    let fell: Vec<(String, String)> = if inverted {
-        seen.iter()
-            .filter(|(_, (_, _, fell))| *fell)
-            .map(|((t, i), _)| ((*t).to_owned(), (*i).to_owned()))
-            .collect()
-    } else {
-        Vec::new()
-    };
     drop(seen);
-    let mut slots: Vec<Option<OutboxRecord>> = rows.into_iter().map(Some).collect();
-    ordered.records = kept
+    ordered.records = if ordered.left_out == 0 {
+        rows
+    } else {
+        rows.into_iter()
+            .zip(kept)
+            .filter_map(|(row, kept)| kept.then_some(row))
+            .collect()
+    };
+    let mut fell: Vec<&AggregateKey> = ordered
+        .inversions
         .iter()
-        .map(|&at| slots[at].take().expect("each row is kept once"))
+        .map(|inversion| &inversion.aggregate)
         .collect();
-    for (aggregate_type, aggregate_id) in &fell {
-        renumber_in_place(&mut ordered.records, aggregate_type, aggregate_id);
+    fell.sort();
+    fell.dedup();
+    for aggregate in fell {
+        renumber_in_place(&mut ordered.records, aggregate);
     }
     ordered
 }
 
 /// Puts the numbered rows of one aggregate in `aggregate_seq` order (ties
 /// by `seq`), in the places they hold in `records`.
-fn renumber_in_place(records: &mut [OutboxRecord], aggregate_type: &str, aggregate_id: &str) {
+fn renumber_in_place(records: &mut [OutboxRecord], aggregate: &AggregateKey) {
     let places: Vec<usize> = records
         .iter()
         .enumerate()
         .filter(|(_, record)| {
             record.aggregate_seq.is_some()
-                && record.aggregate_type == aggregate_type
-                && record.aggregate_id == aggregate_id
+                && record.aggregate_type == aggregate.aggregate_type
+                && record.aggregate_id == aggregate.aggregate_id
         })
         .map(|(at, _)| at)
         .collect();
